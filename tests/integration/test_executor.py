@@ -1,0 +1,198 @@
+"""The executor end to end in one process: real SQL (both backends), real Redis, and the
+OpenAI-compatible stub over real HTTP for the `openai` provider kind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from tests.conftest import scripted_agent
+from tests.stub_provider import Reply, StubProvider, StubToolCall, error, reply
+from tracon_jobs.db.models import Run, ToolCallRecord
+from tracon_jobs.errors import RunTakenAway
+from tracon_jobs.runs.lifecycle import RunStatus
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runtime import Runtime
+
+TOOL_THEN_ANSWER = [
+    {"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A-1"}}],
+     "InputTokens": 100, "OutputTokens": 20},
+    {"Text": "It shipped.", "InputTokens": 150, "OutputTokens": 10},
+]
+
+
+def submit(runtime: Runtime, agent: str = "demo", message: str = "where is A-1?") -> str:
+    tenant = runtime.tenants.ensure_tenant("acme")
+    return runtime.runs.create(NewRun(tenant_id=tenant, agent=agent, input={"message": message})).id
+
+
+def event_types(runtime: Runtime, run_id: str) -> list[str]:
+    return [event.type for event in runtime.runs.events(run_id)]
+
+
+def test_tool_call_then_answer_records_ledger_tokens_and_cost(
+    make_runtime: Callable[..., Runtime], sql_url: str
+) -> None:
+    runtime = make_runtime(sql_url, **scripted_agent(TOOL_THEN_ANSWER, ["lookup_order"]))
+    run_id = submit(runtime)
+
+    assert runtime.executor.execute(run_id) == "Completed"
+
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    assert run.status == "Completed"
+    assert run.output == {"text": "It shipped."}
+    assert (run.input_tokens, run.output_tokens) == (250, 30)
+    # 250 input tokens at 1/M + 30 output tokens at 2/M
+    assert Decimal(run.cost_amount) == Decimal("0.00031")
+    assert run.cost_source == "Configured"
+    assert run.model_id == "demo-model"
+    assert run.turns_completed == 1
+    assert [m["role"] for m in run.messages or []] == ["system", "user", "assistant", "tool"]
+    assert event_types(runtime, run_id) == [
+        "RunQueued", "RunStarted", "ModelCallStarted", "ModelCallCompleted",
+        "ToolCallStarted", "ToolCallCompleted", "ModelCallStarted", "ModelCallCompleted",
+        "RunCompleted",
+    ]
+    with runtime.db.read() as session:
+        ledger = session.scalars(select(ToolCallRecord)).all()
+    assert [(row.tool, row.status, row.result) for row in ledger] == [
+        ("lookup_order", "succeeded", {"value": {"order_id": "A-1", "status": "shipped"}})
+    ]
+
+
+def test_openai_provider_over_real_http(
+    make_runtime: Callable[..., Runtime], sql_url: str, stub_provider: StubProvider
+) -> None:
+    sections = scripted_agent([], ["lookup_order"])
+    sections["Providers"] = {"stub": {"Kind": "openai", "BaseUrl": stub_provider.base_url,
+                                      "TimeoutSeconds": 5}}
+    sections["Agents"]["demo"]["Model"] = {"provider": "stub", "model": "gpt-test",
+                                           "temperature": 0.2}
+    sections["Pricing"] = {"Models": {"gpt-test": {"InputPerMillion": 2, "OutputPerMillion": 8}}}
+    runtime = make_runtime(sql_url, **sections)
+    stub_provider.enqueue(
+        Reply(None, tool_calls=(StubToolCall("lookup_order", {"order_id": "B-7"}),),
+              input_tokens=40, output_tokens=8),
+        reply("B-7 shipped.", input_tokens=60, output_tokens=6),
+    )
+    run_id = submit(runtime)
+
+    assert runtime.executor.execute(run_id) == "Completed"
+
+    run = runtime.runs.get(run_id)
+    assert run is not None and run.output == {"text": "B-7 shipped."}
+    assert (run.input_tokens, run.output_tokens) == (100, 14)
+    assert Decimal(run.cost_amount) == Decimal("0.000312")
+    second = stub_provider.requests[1]
+    assert second["temperature"] == 0.2
+    assert second["messages"][-1]["role"] == "tool"
+    assert "B-7" in second["messages"][-1]["content"]
+
+
+def test_provider_failure_fails_the_run_with_its_status(
+    make_runtime: Callable[..., Runtime], sql_url: str, stub_provider: StubProvider
+) -> None:
+    sections = scripted_agent([])
+    sections["Providers"] = {"stub": {"Kind": "openai", "BaseUrl": stub_provider.base_url}}
+    sections["Agents"]["demo"]["Model"] = {"provider": "stub", "model": "gpt-test"}
+    runtime = make_runtime(sql_url, **sections)
+    stub_provider.enqueue(error(503))
+    run_id = submit(runtime)
+
+    assert runtime.executor.execute(run_id) == "Failed"
+
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    assert (run.error_type, run.error_class) == ("provider_error", "Provider")
+    assert "503" in (run.error_message or "")
+    assert run.cost_source == "Configured" and run.input_tokens == 0
+
+
+def test_second_delivery_is_dropped(make_runtime: Callable[..., Runtime], sql_url: str) -> None:
+    runtime = make_runtime(sql_url, **scripted_agent([{"Text": "hi"}]))
+    run_id = submit(runtime)
+
+    assert runtime.executor.execute(run_id) == "Completed"
+    assert runtime.executor.execute(run_id) == "dropped"
+    assert event_types(runtime, run_id).count("RunStarted") == 1
+
+
+def test_a_zombie_cannot_write_after_the_run_was_taken_away(
+    make_runtime: Callable[..., Runtime], sql_url: str
+) -> None:
+    runtime = make_runtime(sql_url, **scripted_agent([{"Text": "hi"}]))
+    run_id = submit(runtime)
+    zombie = runtime.runs.claim(run_id, "worker-a")
+    assert zombie is not None
+    # Given the run was handed back and claimed by a new owner
+    with runtime.db.write() as session:
+        session.execute(update(Run).where(Run.id == run_id).values(status="Queued"))
+    owner = runtime.runs.claim(run_id, "worker-b")
+    assert owner is not None and owner.fence == zombie.fence + 1
+
+    # Then every fenced write of the zombie fails, and its final write changes nothing
+    with pytest.raises(RunTakenAway):
+        runtime.runs.append(zombie, "ModelCallStarted", {})
+    with pytest.raises(RunTakenAway):
+        runtime.runs.save_turn(zombie, [], 1)
+    assert runtime.runs.finish(zombie, RunStatus.COMPLETED, output={"text": "zombie"}) is None
+    assert runtime.runs.finish(owner, RunStatus.COMPLETED, output={"text": "owner"}) is not None
+    run = runtime.runs.get(run_id)
+    assert run is not None and run.output == {"text": "owner"}
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"Agents": {}}, "agent 'demo' is not configured"),
+        ({"ToolModules": []}, "tool 'lookup_order' is not registered"),
+    ],
+)
+def test_misconfiguration_fails_the_run_clearly(
+    make_runtime: Callable[..., Runtime], sqlite_url: str, sections: dict[str, Any], message: str
+) -> None:
+    base = scripted_agent([{"Text": "hi"}], ["lookup_order"])
+    runtime = make_runtime(sqlite_url, **(base | sections))
+    tenant = runtime.tenants.ensure_tenant("acme")
+    run_id = runtime.runs.create(NewRun(tenant_id=tenant, agent="demo", input={"message": "x"})).id
+    if sections.get("ToolModules") == []:
+        runtime.tools = type(runtime.tools)()  # a registry without the test tools
+
+    assert runtime.executor.execute(run_id) == "Failed"
+    run = runtime.runs.get(run_id)
+    assert run is not None and run.error_type == "configuration_error"
+    assert message in (run.error_message or "")
+
+
+def test_tool_timeout_is_reported_to_the_model_and_the_run_goes_on(
+    make_runtime: Callable[..., Runtime], sqlite_url: str
+) -> None:
+    script = [
+        {"ToolCalls": [{"Name": "slow_tool", "Arguments": {"seconds": 2}}]},
+        {"Text": "gave up waiting"},
+    ]
+    runtime = make_runtime(sqlite_url, **scripted_agent(script, ["slow_tool"]))
+    run_id = submit(runtime)
+
+    assert runtime.executor.execute(run_id) == "Completed"
+    failed = [e for e in runtime.runs.events(run_id) if e.type == "ToolCallFailed"]
+    assert failed[0].data["error"]["code"] == "TIMEOUT"
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    assert "TIMEOUT" in (run.messages or [])[-1]["content"]
+
+
+def test_max_turns_fails_the_run(make_runtime: Callable[..., Runtime], sqlite_url: str) -> None:
+    loop = [{"ToolCalls": [{"Name": "async_echo", "Arguments": {"text": "again"}}]}]
+    runtime = make_runtime(sqlite_url, Runs={"MaxTurns": 3}, **scripted_agent(loop, ["async_echo"]))
+    run_id = submit(runtime)
+
+    assert runtime.executor.execute(run_id) == "Failed"
+    run = runtime.runs.get(run_id)
+    assert run is not None and run.error_type == "max_turns_exceeded"
+    assert event_types(runtime, run_id).count("ToolCallCompleted") == 3

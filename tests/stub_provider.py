@@ -1,0 +1,356 @@
+"""A scriptable OpenAI-compatible HTTP server for tests, on 127.0.0.1 and an ephemeral port.
+
+It speaks real HTTP so that the provider code under test runs its real client, timeouts and
+connection handling. Each `POST /v1/chat/completions` consumes one queued behaviour (a reply,
+a tool call, an error, a hang, a dropped connection); when the queue is empty the default
+behaviour answers.
+
+    with StubProvider() as stub:
+        stub.enqueue(error(503), reply("hello"))
+        ... OpenAIProvider("stub", base_url=stub.base_url, ...) ...
+        assert len(stub.requests) == 2
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import select
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Protocol
+
+import pytest
+
+_ids = itertools.count(1)
+
+
+class Behaviour(Protocol):
+    """How the stub answers one chat completions request."""
+
+    def respond(self, exchange: Exchange) -> None: ...
+
+
+@dataclass(frozen=True)
+class StubToolCall:
+    name: str
+    arguments: dict[str, Any]
+    call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str | None
+    tool_calls: Sequence[StubToolCall] = ()
+    input_tokens: int = 10
+    output_tokens: int = 5
+    model: str | None = None
+
+    def respond(self, exchange: Exchange) -> None:
+        exchange.send_json(200, self.completion(exchange.body))
+
+    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A `chat.completion` object as OpenAI returns it."""
+        return {
+            "id": f"chatcmpl-stub-{next(_ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model or body.get("model", "stub-model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": self._message(),
+                    "logprobs": None,
+                    "finish_reason": "tool_calls" if self.tool_calls else "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": self.input_tokens,
+                "completion_tokens": self.output_tokens,
+                "total_tokens": self.input_tokens + self.output_tokens,
+            },
+        }
+
+    def _message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.call_id or f"call_stub_{next(_ids)}",
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                }
+                for call in self.tool_calls
+            ]
+        return message
+
+
+@dataclass(frozen=True)
+class Error:
+    status: int
+    retry_after: str | None = None
+    message: str = "stub error"
+    error_type: str = "server_error"
+
+    def respond(self, exchange: Exchange) -> None:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": None,
+                "code": None,
+            }
+        }
+        headers = {"Retry-After": self.retry_after} if self.retry_after is not None else {}
+        exchange.send_json(self.status, body, headers)
+
+
+@dataclass(frozen=True)
+class Hang:
+    """Sleep, then answer with `then`; a stopping server ends the sleep and drops instead."""
+
+    seconds: float
+    then: Behaviour = field(default_factory=lambda: Reply("late reply"))
+
+    def respond(self, exchange: Exchange) -> None:
+        deadline = time.monotonic() + self.seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            if exchange.stopping.wait(min(remaining, 0.05)) or exchange.client_gone():
+                return
+        self.then.respond(exchange)
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Close the connection without a response, as a crashing upstream would."""
+
+    def respond(self, exchange: Exchange) -> None:
+        exchange.close_connection()
+
+
+def reply(
+    text: str | None,
+    *,
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    model: str | None = None,
+) -> Reply:
+    return Reply(text, input_tokens=input_tokens, output_tokens=output_tokens, model=model)
+
+
+def tool_call(
+    name: str,
+    arguments: dict[str, Any],
+    *,
+    call_id: str | None = None,
+    text: str | None = None,
+) -> Reply:
+    return Reply(text, tool_calls=(StubToolCall(name, arguments, call_id),))
+
+
+def tool_calls(*calls: StubToolCall, text: str | None = None) -> Reply:
+    return Reply(text, tool_calls=calls)
+
+
+def error(
+    status: int, *, retry_after: float | str | None = None, message: str = "stub error"
+) -> Error:
+    header = None if retry_after is None else _header_value(retry_after)
+    return Error(status, retry_after=header, message=message)
+
+
+def hang(seconds: float, then: Behaviour | None = None) -> Hang:
+    return Hang(seconds, then or Reply("late reply"))
+
+
+def drop() -> Drop:
+    return Drop()
+
+
+def _header_value(value: float | str) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+class Exchange:
+    """One request as a behaviour sees it: the JSON body and ways to answer."""
+
+    def __init__(self, handler: _Handler, body: dict[str, Any], stopping: threading.Event):
+        self._handler = handler
+        self.body = body
+        self.stopping = stopping
+
+    def send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        handler = self._handler
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def client_gone(self) -> bool:
+        """True once the client closed its end (an aborted call), so a hang can end early."""
+        connection = self._handler.connection
+        readable, _, _ = select.select([connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return not connection.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+
+    def close_connection(self) -> None:
+        self._handler.close_connection = True
+
+
+class StubProvider:
+    """The server, its behaviour queue and what it received."""
+
+    def __init__(self, default: Behaviour | None = None) -> None:
+        self.default: Behaviour = default or Reply("stub reply")
+        self._lock = threading.Lock()
+        self._queue: deque[Behaviour] = deque()
+        self._requests: list[dict[str, Any]] = []
+        self._headers: list[dict[str, str]] = []
+        self._in_progress = 0
+        self.peak_in_progress = 0
+        self._stopping = threading.Event()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._running_server().server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """The JSON bodies received so far, oldest first (a copy)."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def request_headers(self) -> list[dict[str, str]]:
+        with self._lock:
+            return list(self._headers)
+
+    @property
+    def in_progress(self) -> int:
+        with self._lock:
+            return self._in_progress
+
+    def enqueue(self, *behaviours: Behaviour) -> None:
+        with self._lock:
+            self._queue.extend(behaviours)
+
+    def start(self) -> StubProvider:
+        self._stopping = threading.Event()
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.stub = self
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; requests still hanging are released and dropped."""
+        self._stopping.set()
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+
+    def __enter__(self) -> StubProvider:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def handle(self, handler: _Handler, body: dict[str, Any]) -> None:
+        behaviour = self._begin(body, dict(handler.headers.items()))
+        try:
+            behaviour.respond(Exchange(handler, body, self._stopping))
+        except OSError:
+            pass  # the client went away (an aborted call): nothing left to answer
+        finally:
+            with self._lock:
+                self._in_progress -= 1
+
+    def _begin(self, body: dict[str, Any], headers: dict[str, str]) -> Behaviour:
+        with self._lock:
+            self._requests.append(body)
+            self._headers.append(headers)
+            self._in_progress += 1
+            self.peak_in_progress = max(self.peak_in_progress, self._in_progress)
+            return self._queue.popleft() if self._queue else self.default
+
+    def _running_server(self) -> _Server:
+        if self._server is None:
+            raise RuntimeError("StubProvider is not started")
+        return self._server
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    stub: StubProvider
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        body = self._read_json()
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            Error(404, message=f"no route {self.path}").respond(Exchange(self, body, _NEVER))
+            return
+        self.server.stub.handle(self, body)
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/v1/models":
+            payload = {"object": "list", "data": [{"id": "stub-model", "object": "model"}]}
+            Exchange(self, {}, _NEVER).send_json(200, payload)
+            return
+        Error(404, message=f"no route {self.path}").respond(Exchange(self, {}, _NEVER))
+
+    def _read_json(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            parsed = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            return {"_raw": raw.decode(errors="replace")}
+        return parsed if isinstance(parsed, dict) else {"_json": parsed}
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Keep test output clean: the stub's requests are asserted on, not logged."""
+
+
+_NEVER = threading.Event()
+
+
+@pytest.fixture
+def stub_provider() -> Iterator[StubProvider]:
+    """A started stub server, stopped after the test."""
+    with StubProvider() as server:
+        yield server

@@ -1,0 +1,1 @@
+"""Agents from configuration, and the tools they may call."""

@@ -1,0 +1,63 @@
+"""The Celery app: queues, reliability settings, tasks.
+
+Correctness never rests on the broker: prefetch is 1, messages are acknowledged when a
+task starts (a crashed run is reconciled from SQL, not redelivered), duplicates are
+dropped by the guarded claim, and unclaimed runs are re-sent by the requeue task.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+from kombu import Queue
+
+from beat_schedules import build_schedule
+from beat_schedules.requeue import scan_once
+from beat_schedules.schedule import CONTROL_QUEUE, REQUEUE_TASK
+from tracon_jobs.runs.dispatch import EXECUTE_TASK, RUNS_QUEUE
+
+if TYPE_CHECKING:
+    from tracon_jobs.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def create_celery(runtime: Runtime) -> Celery:
+    settings = runtime.settings
+    app = Celery("tracon", broker=settings.redis.url, set_as_current=False)
+    app.conf.update(
+        task_queues=[Queue(RUNS_QUEUE), Queue(CONTROL_QUEUE)],
+        task_default_queue=RUNS_QUEUE,
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=False,
+        worker_prefetch_multiplier=settings.worker.prefetch_multiplier,
+        worker_pool="threads",
+        worker_concurrency=settings.worker.concurrency,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": 3600},
+        beat_schedule=build_schedule(settings),
+        timezone="UTC",
+    )
+    app.tracon = runtime  # type: ignore[attr-defined]
+    register_tasks(app, runtime)
+    return app
+
+
+def register_tasks(app: Celery, runtime: Runtime) -> None:
+    @app.task(name=EXECUTE_TASK, ignore_result=True)
+    def execute(run_id: str) -> str:
+        return runtime.executor.execute(run_id)
+
+    @app.task(name=REQUEUE_TASK, ignore_result=True)
+    def requeue_unclaimed() -> dict[str, Any]:
+        result = scan_once(runtime, runtime.db.now())
+        if result.resent:
+            log.info("re-sent %d unclaimed runs", len(result.resent))
+        return {"resent": len(result.resent), "failed": len(result.failed)}

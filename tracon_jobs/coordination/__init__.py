@@ -1,0 +1,1 @@
+"""Cluster-wide coordination in Redis, each store a Protocol with an in-memory twin."""

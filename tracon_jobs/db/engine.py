@@ -1,0 +1,141 @@
+"""Engines and sessions for SQLite and PostgreSQL, created lazily per process.
+
+SQLite needs three things to be shared by web, workers and beat: WAL (readers never block
+the writer), a busy timeout, and `BEGIN IMMEDIATE` for write transactions (a deferred
+transaction that upgrades from read to write fails with SQLITE_BUSY whatever the timeout).
+Engines are created after fork: a pooled connection must never cross a process boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def normalize_url(url: str) -> str:
+    """Use psycopg 3 for PostgreSQL whatever driver the URL names (or omits)."""
+    for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+class Database:
+    """One database URL; engines and session factories per process, thread-safe."""
+
+    def __init__(self, url: str, *, pool_size: int = 20) -> None:
+        self.url = normalize_url(url)
+        self.pool_size = pool_size
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._engine: Engine | None = None
+        self._write: sessionmaker[Session] | None = None
+        self._read: sessionmaker[Session] | None = None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.startswith("sqlite")
+
+    @property
+    def engine(self) -> Engine:
+        self._ensure_engine()
+        assert self._engine is not None
+        return self._engine
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A session whose transaction takes the write lock up front, committed on success."""
+        self._ensure_engine()
+        assert self._write is not None
+        with self._write.begin() as session:
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A session for reads only; on SQLite it never blocks or is blocked by a writer."""
+        self._ensure_engine()
+        assert self._read is not None
+        with self._read() as session:
+            yield session
+
+    def now(self) -> datetime:
+        """The database clock, naive UTC: the one clock every host compares against.
+
+        A SQLite file is local to one host, so its clock is this host's clock.
+        """
+        if self.is_sqlite:
+            return datetime.now(UTC).replace(tzinfo=None)
+        with self.engine.connect() as conn:
+            value = conn.execute(text("SELECT clock_timestamp() AT TIME ZONE 'UTC'")).scalar_one()
+        assert isinstance(value, datetime)
+        return value
+
+    def dispose(self) -> None:
+        with self._lock:
+            if self._engine is not None:
+                self._engine.dispose()
+            self._engine = None
+            self._pid = -1
+
+    def _ensure_engine(self) -> None:
+        if self._pid == os.getpid() and self._engine is not None:
+            return
+        with self._lock:
+            if self._pid == os.getpid() and self._engine is not None:
+                return
+            engine = self._create_engine()
+            self._engine = engine
+            self._write = sessionmaker(engine, expire_on_commit=False)
+            self._read = sessionmaker(
+                engine.execution_options(tracon_read_only=True), expire_on_commit=False
+            )
+            self._pid = os.getpid()
+
+    def _create_engine(self) -> Engine:
+        if not self.is_sqlite:
+            return create_engine(
+                self.url, pool_size=self.pool_size, max_overflow=10, pool_pre_ping=True
+            )
+        _ensure_sqlite_dir(self.url)
+        engine = create_engine(
+            self.url,
+            pool_size=self.pool_size,
+            max_overflow=10,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        )
+        _install_sqlite_hooks(engine)
+        return engine
+
+
+def _ensure_sqlite_dir(url: str) -> None:
+    database = make_url(url).database
+    if database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        read_only = conn.get_execution_options().get("tracon_read_only", False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")

@@ -1,0 +1,23 @@
+"""Alembic environment: online migrations only, with batch mode so SQLite can alter tables."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from tracon_jobs.db.models import Base
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url")
+assert url, "sqlalchemy.url must be set by tracon_jobs.db.migrate"
+
+engine = create_engine(url, poolclass=pool.NullPool)
+with engine.connect() as connection:
+    context.configure(
+        connection=connection,
+        target_metadata=Base.metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()

@@ -1,0 +1,137 @@
+"""The tables. SQL is the source of truth: everything a run needs to be resumed lives here.
+
+Timestamps are naive UTC, taken from the database clock (`Database.now`) wherever they are
+compared across hosts (heartbeats, requeue deadlines).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    Numeric,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ID = String(36)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime()}
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime]
+
+
+class ApiKey(Base):
+    """An API key is shown once; only its SHA-256 is kept, found by its public prefix."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # the key's public prefix
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    label: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        Index("ix_runs_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_runs_status_enqueued", "status", "enqueued_at"),
+        Index("ix_runs_status_heartbeat", "status", "heartbeat_at"),
+        Index("ix_runs_root", "root_run_id"),
+        Index("ix_runs_session", "tenant_id", "session_id"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    agent: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(20), default="agent")
+    status: Mapped[str] = mapped_column(String(20))
+    input: Mapped[dict[str, Any]]
+    parameters: Mapped[dict[str, Any] | None]
+    output: Mapped[dict[str, Any] | None]
+    messages: Mapped[list[Any] | None]  # the conversation after the last finished turn
+    turns_completed: Mapped[int] = mapped_column(Integer, default=0)
+    session_id: Mapped[str | None] = mapped_column(String(200))
+    parent_run_id: Mapped[str | None] = mapped_column(ID)
+    root_run_id: Mapped[str] = mapped_column(ID)
+    depth: Mapped[int] = mapped_column(Integer, default=0)
+    continued_from_run_id: Mapped[str | None] = mapped_column(ID)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    model_id: Mapped[str | None] = mapped_column(String(200))
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_amount: Mapped[float] = mapped_column(Numeric(18, 8), default=0)
+    cost_currency: Mapped[str] = mapped_column(String(8), default="USD")
+    cost_source: Mapped[str] = mapped_column(String(20), default="Configured")
+    error_type: Mapped[str | None] = mapped_column(String(60))
+    error_class: Mapped[str | None] = mapped_column(String(60))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(200))
+    fence: Mapped[int] = mapped_column(Integer, default=0)
+    event_seq: Mapped[int] = mapped_column(Integer, default=0)  # last event seq handed out
+    created_at: Mapped[datetime]
+    enqueued_at: Mapped[datetime | None]  # outbox: set once the broker took the message
+    enqueue_count: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    cancel_requested_at: Mapped[datetime | None]
+
+
+class RunEvent(Base):
+    __tablename__ = "run_events"
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_run_events_run_seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    seq: Mapped[int] = mapped_column(Integer)
+    type: Mapped[str] = mapped_column(String(60))
+    at: Mapped[datetime]
+    data: Mapped[dict[str, Any]]
+
+
+class ToolCallRecord(Base):
+    """The ledger: one row per tool execution, `started` before the body runs."""
+
+    __tablename__ = "tool_calls"
+    __table_args__ = (
+        UniqueConstraint("run_id", "turn", "call_id", name="uq_tool_calls_run_turn_call"),
+        Index("ix_tool_calls_run_tool_args", "run_id", "tool", "args_hash"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    turn: Mapped[int] = mapped_column(Integer)
+    call_id: Mapped[str] = mapped_column(String(200))
+    tool: Mapped[str] = mapped_column(String(200))
+    args_hash: Mapped[str] = mapped_column(String(64))
+    arguments: Mapped[dict[str, Any]]
+    execution_id: Mapped[str] = mapped_column(ID)
+    idempotency_key: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(20))  # started | succeeded | failed
+    result: Mapped[dict[str, Any] | None]
+    error_code: Mapped[str | None] = mapped_column(String(60))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]

@@ -1,0 +1,191 @@
+"""Every default value of tracon-jobs, once, each with the reason it has that value.
+
+`settings.py` reads its defaults from here; code that needs a default without a settings
+object (a test double, a CLI flag) imports it from here too, so no value is written twice.
+Unless a docstring says otherwise, a value is the spec's (the Tracon reliability guide).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from typing import Final, Literal
+
+# --- CircuitBreaker ------------------------------------------------------------------------
+
+CIRCUIT_BREAKER_ENABLED: Final = True
+"""On by default: failing fast on a sick provider is cheaper than queueing calls behind it."""
+
+FAILURE_THRESHOLD: Final = 5
+"""Consecutive counted failures that open a provider's circuit; one blip must not open it."""
+
+BREAK_DURATION: Final = timedelta(seconds=30)
+"""How long an open circuit rejects calls before a probe may test recovery."""
+
+HALF_OPEN_MAX_PROBES: Final = 1
+"""Calls let through at once after the break; one probe is enough to learn the provider's health
+without sending a burst to a provider that may still be down (tracon-jobs addition)."""
+
+ON_STORE_UNAVAILABLE: Final[Literal["allow", "reject"]] = "allow"
+"""When Redis (the breaker's store) is unreachable, calls go through: losing the breaker must not
+take every provider down with it (tracon-jobs addition)."""
+
+# --- Idempotency ---------------------------------------------------------------------------
+
+IDEMPOTENCY_ENABLED: Final = True
+"""On here (the spec's product has it off): the `Idempotency-Key` header costs nothing when a
+request does not send it, and a client that sends it expects it honoured rather than a `501`."""
+
+MAX_IDEMPOTENCY_KEY_LENGTH: Final = 255
+"""Longer keys get `400`; bounds the stored key and the index that looks it up."""
+
+# --- SingletonExecution --------------------------------------------------------------------
+
+SINGLETON_EXECUTION_ENABLED: Final = False
+"""Off as in the spec: one process needs no election; a cluster turns it on with shared state."""
+
+LEASE_DURATION: Final = timedelta(seconds=60)
+"""Lease of a periodic service's owner; renewed at a third of it, so two renewals may fail
+before another process can take over."""
+
+OWNER_ID: Final = ""
+"""Empty means "hostname/pid/random suffix", unique per process without any configuration."""
+
+# --- RunReconciliation ---------------------------------------------------------------------
+
+RUN_RECONCILIATION_ENABLED: Final = False
+"""Off as in the spec: closing runs as `orphaned` is a decision an operator opts into."""
+
+HEARTBEAT_INTERVAL: Final = timedelta(seconds=30)
+"""How often live runs prove they are alive; ten beats fit in the orphan threshold."""
+
+ORPHAN_THRESHOLD: Final = timedelta(minutes=5)
+"""Silence after which a `Running` run is closed as `orphaned`; long enough to ride out a
+database pause or a deploy handoff."""
+
+SCAN_INTERVAL: Final = timedelta(minutes=1)
+"""How often the orphan scan runs; a crash is noticed within threshold plus one interval."""
+
+MAX_RUNS_PER_SCAN: Final = 100
+"""Bounds one scan so a mass crash is closed in several short passes, not one long transaction."""
+
+# --- RunContinuation -----------------------------------------------------------------------
+
+RUN_CONTINUATION_ENABLED: Final = False
+"""Off as in the spec: re-running a turn is only safe once tools declare their side effects."""
+
+MAX_CONTINUATION_ATTEMPTS: Final = 1
+"""Continuations per interruption chain; a run that keeps killing its process stops after one."""
+
+# --- Workflows -----------------------------------------------------------------------------
+
+ENABLE_CHECKPOINTING: Final = False
+"""Off as in the spec: checkpoints cost a write per step."""
+
+RESUME_INTERRUPTED_RUNS: Final = False
+"""Off as in the spec: an interrupted workflow step runs again when resumed, which only the
+workflow's author can declare safe."""
+
+MAX_RESUME_ATTEMPTS: Final = 1
+"""Continuations of one interrupted workflow chain before its job fails."""
+
+MAX_RESUME_ATTEMPTS_LIMIT: Final = 100
+"""Upper bound of `Workflows.MaxResumeAttempts` (the spec's range is 0 to 100)."""
+
+# --- AsyncRun ------------------------------------------------------------------------------
+
+ASYNC_RUN_MAX_ATTEMPTS: Final = 1
+"""Attempts of a queued run's job; one, because a second attempt of a run is a continuation
+decision, not a broker redelivery."""
+
+# --- AgentGraph ----------------------------------------------------------------------------
+
+MAX_DEPTH: Final = 3
+"""Deepest child run of a tree (the root is depth zero); stops runaway agent recursion."""
+
+MAX_TOTAL_TOKENS: Final[int | None] = 200_000
+"""Tokens one run tree may spend; on by default so a looping tree has a ceiling."""
+
+MAX_TOTAL_COST: Final[Decimal | None] = None
+"""No cost ceiling by default: prices are configuration, and unknown prices cannot be enforced."""
+
+MAX_TOTAL_RUNS: Final[int | None] = 25
+"""Child runs one tree may start; bounds fan-out."""
+
+MAX_DURATION: Final[timedelta | None] = None
+"""No wall-clock ceiling by default: long legitimate runs must not be cut off silently."""
+
+# --- ModelConcurrency ----------------------------------------------------------------------
+
+MAX_CONCURRENT_CALLS_PER_PROVIDER: Final[int | None] = None
+"""Unlimited by default; a limit only helps once it is sized to the provider's own quota."""
+
+# --- Drain ---------------------------------------------------------------------------------
+
+DRAIN_ENABLED: Final = False
+"""Off as in the spec: a stop signal ends the process at once, and reconciliation recovers."""
+
+DRAIN_TIMEOUT: Final = timedelta(seconds=30)
+"""Longest a graceful stop waits for in-flight runs; a stuck run must not block a deploy."""
+
+# --- ToolLoop ------------------------------------------------------------------------------
+
+ALLOW_CONCURRENT_TOOL_CALLS: Final = False
+"""Tools of one turn run one after another, so a spent budget can stop the next one."""
+
+# --- Retention -----------------------------------------------------------------------------
+
+RETENTION_ENABLED: Final = False
+"""Off as in the spec: deleting records is a decision an operator makes."""
+
+IDEMPOTENCY_RETENTION: Final = timedelta(days=1)
+"""Age after which idempotency records are deleted once retention is on; a day covers any
+reasonable client retry window."""
+
+# --- Runs (tracon-jobs additions) ----------------------------------------------------------
+
+REQUEUE_AFTER: Final = timedelta(seconds=60)
+"""A `Queued` run nobody claimed for this long is sent again: a message prefetched by a killed
+worker stays invisible for the broker's whole visibility timeout."""
+
+BUFFERED_WAIT_TIMEOUT: Final = timedelta(minutes=10)
+"""How long a buffered HTTP response waits for its run before answering `202` with `Location`."""
+
+MAX_TURNS: Final = 16
+"""Model turns per run; stops a model that keeps calling tools forever."""
+
+# --- Worker (tracon-jobs additions) --------------------------------------------------------
+
+WORKER_CONCURRENCY: Final = 16
+"""Threads per worker; runs wait on providers most of the time, so threads are cheap."""
+
+WORKER_PREFETCH_MULTIPLIER: Final = 1
+"""One message per thread: a prefetched message of a killed worker is lost until the broker's
+visibility timeout, so prefetch as little as possible."""
+
+# --- Stores and providers (tracon-jobs additions) ------------------------------------------
+
+DATABASE_URL: Final = "sqlite:///var/tracon.db"
+"""SQLite in `var/` so a checkout runs with no service; production sets PostgreSQL."""
+
+REDIS_URL: Final = "redis://127.0.0.1:6379/0"
+"""The local Redis every development setup (and compose) offers."""
+
+PROVIDER_TIMEOUT_SECONDS: Final = 60.0
+"""Per-call timeout of a provider; long enough for a slow completion, short enough that a hung
+connection counts as a failure for the breaker."""
+
+SCRIPT_INPUT_TOKENS: Final = 10
+"""Usage a scripted step reports when it does not say, so budgets and cost see a non-zero spend."""
+
+SCRIPT_OUTPUT_TOKENS: Final = 5
+"""See `SCRIPT_INPUT_TOKENS`."""
+
+SCRIPT_DELAY_SECONDS: Final = 0.0
+"""Scripted steps answer at once unless a test needs a slow provider."""
+
+CURRENCY: Final = "USD"
+"""Currency of configured prices; reported amounts in another currency are unknown to budgets."""
+
+CONFIG_FILE: Final = "tracon.json"
+"""Configuration file read from the working directory when `TRACON_CONFIG` names none."""

@@ -1,0 +1,80 @@
+"""The Provider protocol and the values that cross it.
+
+Messages use the OpenAI chat shape (`{"role", "content", "tool_calls"?, "tool_call_id"?}`)
+because every provider kind tracon-jobs speaks can be mapped to it, and because a run's
+stored messages must be replayable on any link of a fallback chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tracon_jobs.signal import AbortSignal
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # the raw JSON text the model produced
+
+    def as_message_part(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    model: str
+    messages: list[Message]
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI "function" tool specs
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    response_format: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    model: str  # the model that answered, as the provider reports it
+    text: str | None
+    tool_calls: list[ToolCall]
+    usage: Usage
+    finish_reason: str = "stop"
+
+    def as_message(self) -> Message:
+        message: Message = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_message_part() for call in self.tool_calls]
+        return message
+
+
+class Provider(Protocol):
+    """One configured provider. Implementations are thread-safe and shared per process.
+
+    `complete` raises `ProviderError` (with `status`, or `kind` "connection"/"timeout") on
+    failure, and returns promptly with `ProviderError(kind="cancelled")` when `signal` fires:
+    an in-flight HTTP call is aborted, not waited out.
+    """
+
+    name: str
+
+    def complete(self, request: ModelRequest, signal: AbortSignal) -> ModelResponse: ...
+
+    def close(self) -> None: ...

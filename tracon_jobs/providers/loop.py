@@ -1,0 +1,97 @@
+"""One asyncio event loop per process, on a daemon thread, for abortable provider calls.
+
+A sync HTTP client blocked on a socket read cannot be woken from another thread, and Celery's
+`revoke(terminate=True)` does nothing on the threads pool. Running the call as a coroutine on
+a loop we own lets any thread cancel it through its `concurrent.futures.Future`: the
+cancellation reaches the coroutine at its next `await`, which closes the request at once.
+
+The loop is created lazily and again after a fork, because a forked child inherits the
+loop object but not the thread that runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from tracon_jobs.errors import ProviderError
+from tracon_jobs.signal import AbortSignal
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid: int | None = None
+
+
+def _forget_loop_after_fork() -> None:
+    """The child gets a copy of the lock (possibly held) and a loop with no thread: drop both."""
+    global _lock, _loop, _loop_pid
+    _lock = threading.Lock()
+    _loop = None
+    _loop_pid = None
+
+
+os.register_at_fork(after_in_child=_forget_loop_after_fork)
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    """The running loop of this process, started on first use (and after a fork)."""
+    global _loop, _loop_pid
+    with _lock:
+        if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
+            _loop = _start_loop()
+            _loop_pid = os.getpid()
+        return _loop
+
+
+def _start_loop() -> asyncio.AbstractEventLoop:
+    """Start a loop on a daemon thread, so that it never keeps the process alive."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(ready.set)
+        loop.run_forever()
+
+    threading.Thread(target=run, name="tracon-provider-loop", daemon=True).start()
+    ready.wait()
+    return loop
+
+
+def run_abortable(coro: Coroutine[Any, Any, T], signal: AbortSignal, *, provider: str) -> T:
+    """Run `coro` on the process loop and wait for it, cancelling it when `signal` fires.
+
+    Raises `ProviderError(kind="cancelled")` when the signal fired before the result was
+    ready, whatever the coroutine did on its way out.
+    """
+    future = asyncio.run_coroutine_threadsafe(coro, get_loop())
+
+    def cancel(_reason: str) -> None:
+        future.cancel()
+
+    unregister = signal.on_abort(cancel)
+    try:
+        return future.result()
+    except concurrent.futures.CancelledError:
+        raise _cancelled(signal, provider) from None
+    except BaseException:
+        if signal.aborted:
+            raise _cancelled(signal, provider) from None
+        raise
+    finally:
+        unregister()
+
+
+def _cancelled(signal: AbortSignal, provider: str) -> ProviderError:
+    reason = signal.reason or "cancelled"
+    return ProviderError(
+        f"Call to provider '{provider}' cancelled ({reason})",
+        provider=provider,
+        kind="cancelled",
+    )

@@ -1,0 +1,215 @@
+"""OpenAIProvider: any OpenAI-compatible chat completions endpoint (OpenAI, vLLM, Ollama, ...).
+
+The call runs on `AsyncOpenAI` on the process loop (see `loop.py`) so that an abort cancels
+the request in flight instead of waiting for the socket. The SDK never retries
+(`max_retries=0`): whether and when to retry is the policies' decision, and they need to see
+every failure. SDK exceptions become `ProviderError` with a `status` or a `kind`, so nothing
+above this module knows which SDK raised them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
+from openai.types.chat.chat_completion_message_tool_call import (
+    ChatCompletionMessageToolCallUnion,
+)
+from openai.types.completion_usage import CompletionUsage
+
+from tracon_jobs.errors import ProviderError
+from tracon_jobs.providers.base import ModelRequest, ModelResponse, ToolCall, Usage
+from tracon_jobs.providers.loop import get_loop, run_abortable
+from tracon_jobs.signal import AbortSignal
+
+# Local servers (vLLM, Ollama) ignore the key, but the SDK refuses to start without one.
+PLACEHOLDER_API_KEY = "not-needed"
+
+_CLOSE_TIMEOUT_SECONDS = 5.0
+
+
+class OpenAIProvider:
+    """One OpenAI-compatible endpoint, shared by every thread of the process."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        base_url: str | None,
+        api_key: str | None,
+        timeout_seconds: float,
+    ) -> None:
+        self.name = name
+        self._base_url = base_url or None
+        self._api_key = api_key or PLACEHOLDER_API_KEY
+        self._timeout_seconds = timeout_seconds
+        # Touched only on the loop thread, so it needs no lock.
+        self._client: AsyncOpenAI | None = None
+        self._client_pid: int | None = None
+
+    def complete(self, request: ModelRequest, signal: AbortSignal) -> ModelResponse:
+        try:
+            completion = run_abortable(self._create(request), signal, provider=self.name)
+        except openai.OpenAIError as exc:
+            raise map_openai_error(self.name, exc) from exc
+        return self._to_response(completion, request)
+
+    def close(self) -> None:
+        """Close the client on the loop that owns its connections."""
+        if self._client is None or self._client_pid != os.getpid():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._close_client(), get_loop())
+        future.result(timeout=_CLOSE_TIMEOUT_SECONDS)
+
+    async def _create(self, request: ModelRequest) -> ChatCompletion:
+        client = self._client_on_loop()
+        completion: ChatCompletion = await client.chat.completions.create(
+            **completion_arguments(request)
+        )
+        return completion
+
+    def _client_on_loop(self) -> AsyncOpenAI:
+        """The client of this process's loop; a forked child builds its own."""
+        if self._client is None or self._client_pid != os.getpid():
+            self._client = AsyncOpenAI(
+                api_key=self._api_key,
+                base_url=self._base_url,
+                timeout=self._timeout_seconds,
+                max_retries=0,
+            )
+            self._client_pid = os.getpid()
+        return self._client
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    def _to_response(self, completion: ChatCompletion, request: ModelRequest) -> ModelResponse:
+        if not completion.choices:
+            raise ProviderError(
+                f"Provider '{self.name}' returned a completion without choices",
+                provider=self.name,
+                kind="connection",
+            )
+        choice = completion.choices[0]
+        return ModelResponse(
+            model=completion.model or request.model,
+            text=choice.message.content,
+            tool_calls=[_tool_call(call) for call in choice.message.tool_calls or []],
+            usage=_usage(completion.usage),
+            finish_reason=choice.finish_reason or "stop",
+        )
+
+
+def completion_arguments(request: ModelRequest) -> dict[str, Any]:
+    """The `chat.completions.create` arguments, leaving out what the request does not set.
+
+    Unset options are omitted rather than sent as null, because several compatible servers
+    reject nulls; `max_tokens` is used over `max_completion_tokens` because more servers know it.
+    """
+    arguments: dict[str, Any] = {"model": request.model, "messages": request.messages}
+    optional = {
+        "tools": request.tools or None,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "max_tokens": request.max_output_tokens,
+        "response_format": request.response_format,
+    }
+    arguments.update({key: value for key, value in optional.items() if value is not None})
+    return arguments
+
+
+def map_openai_error(provider: str, exc: openai.OpenAIError) -> ProviderError:
+    """Translate an SDK exception into the one family the policies classify."""
+    if isinstance(exc, openai.APIStatusError):
+        return ProviderError(
+            f"HTTP {exc.status_code} from provider '{provider}': {_body_message(exc)}",
+            provider=provider,
+            status=exc.status_code,
+            kind="http",
+            retry_after=parse_retry_after(exc.response.headers),
+        )
+    # APITimeoutError subclasses APIConnectionError, so it is tested first.
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderError(
+            f"Provider '{provider}' timed out: {exc}", provider=provider, kind="timeout"
+        )
+    return ProviderError(
+        f"Provider '{provider}' could not be reached: {_describe(exc)}",
+        provider=provider,
+        kind="connection",
+    )
+
+
+def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
+    """Seconds to wait from `retry-after-ms`, or `Retry-After` as seconds or an HTTP date."""
+    lowered = {key.lower(): value for key, value in headers.items()}
+    milliseconds = _float_or_none(lowered.get("retry-after-ms"))
+    if milliseconds is not None:
+        return max(milliseconds / 1000.0, 0.0)
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    seconds = _float_or_none(value)
+    if seconds is not None:
+        return max(seconds, 0.0)
+    return _seconds_until_http_date(value, now or datetime.now(UTC))
+
+
+def _seconds_until_http_date(value: str, now: datetime) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - now).total_seconds(), 0.0)
+
+
+def _float_or_none(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _body_message(exc: openai.APIStatusError) -> str:
+    """The provider's own words: `error.message` in OpenAI's shape, else the raw body."""
+    body = exc.body
+    if isinstance(body, Mapping):
+        message = body.get("message")
+        if isinstance(message, str) and message:
+            return message
+    if isinstance(body, str) and body:
+        return body
+    return exc.message
+
+
+def _describe(exc: BaseException) -> str:
+    """The SDK's message plus its cause, which says what actually went wrong on the wire."""
+    cause = exc.__cause__
+    if cause is None or str(cause) in str(exc):
+        return str(exc)
+    return f"{exc} ({type(cause).__name__}: {cause})"
+
+
+def _tool_call(call: ChatCompletionMessageToolCallUnion) -> ToolCall:
+    if isinstance(call, ChatCompletionMessageFunctionToolCall):
+        return ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
+    return ToolCall(id=call.id, name=call.custom.name, arguments=call.custom.input)
+
+
+def _usage(usage: CompletionUsage | None) -> Usage:
+    if usage is None:
+        return Usage()
+    return Usage(input_tokens=usage.prompt_tokens or 0, output_tokens=usage.completion_tokens or 0)

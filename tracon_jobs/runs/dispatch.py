@@ -1,0 +1,77 @@
+"""Submitting runs: the row first, then the message, then the record that it was sent.
+
+A crash between the row and the message leaves a `Queued` run with no `enqueued_at`,
+which the requeue scan sends; a broker that refuses the message closes the run `Failed`
+(`enqueue_failed`) and the caller gets a 503, so nothing accepted is silently lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tracon_jobs.db.models import Run
+from tracon_jobs.errors import EnqueueError
+from tracon_jobs.runs.lifecycle import ErrorClass, RunError
+from tracon_jobs.runs.store import NewRun, RunStore
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = logging.getLogger(__name__)
+
+EXECUTE_TASK = "tracon.runs.execute"
+RUNS_QUEUE = "tracon.runs"
+
+Sender = Callable[[str], None]
+
+
+def celery_sender(app: Celery) -> Sender:
+    """Send `tracon.runs.execute(run_id)`; a broker that is down fails within a second."""
+
+    def send(run_id: str) -> None:
+        try:
+            app.send_task(
+                EXECUTE_TASK,
+                args=[run_id],
+                queue=RUNS_QUEUE,
+                retry=True,
+                retry_policy={
+                    "max_retries": 2,
+                    "interval_start": 0,
+                    "interval_step": 0.2,
+                    "interval_max": 0.5,
+                },
+            )
+        except Exception as exc:  # kombu raises many types for a broker it cannot reach
+            raise EnqueueError(f"the broker did not accept run {run_id}: {exc}") from exc
+
+    return send
+
+
+class RunDispatcher:
+    def __init__(self, store: RunStore, send: Sender) -> None:
+        self.store = store
+        self.send = send
+
+    def submit(self, new: NewRun) -> Run:
+        run = self.store.create(new)
+        try:
+            self.send(run.id)
+        except EnqueueError as exc:
+            log.error("enqueue failed for run %s: %s", run.id, exc)
+            error = RunError("enqueue_failed", ErrorClass.INFRASTRUCTURE, str(exc))
+            self.store.fail_unsent(run.id, error)
+            raise
+        self.store.mark_enqueued(run.id)
+        return run
+
+    def resend(self, run_id: str) -> bool:
+        try:
+            self.send(run_id)
+        except EnqueueError as exc:
+            log.warning("re-send of run %s failed, next scan retries: %s", run_id, exc)
+            return False
+        self.store.mark_enqueued(run_id)
+        return True

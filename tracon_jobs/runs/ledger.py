@@ -1,0 +1,106 @@
+"""The tool-call ledger: a row committed `started` before a tool body runs, and its outcome
+committed the moment it ends, each with its event in the same fenced transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import update
+
+from tracon_jobs.db.models import ToolCallRecord
+from tracon_jobs.runs.lifecycle import Claim
+from tracon_jobs.runs.store import RunStore
+
+
+def canonical_arguments(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def arguments_hash(arguments: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_arguments(arguments).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    id: int
+    execution_id: str
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    ok: bool
+    result: Any = None
+    error_code: str | None = None
+    error_message: str | None = None
+    attempts: int = 1
+
+    def as_model_content(self) -> str:
+        """What the model reads back as the tool's message."""
+        if self.ok:
+            return self.result if isinstance(self.result, str) else json.dumps(self.result)
+        return json.dumps({"error": {"code": self.error_code, "message": self.error_message}})
+
+
+class Ledger:
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+
+    def start(
+        self, claim: Claim, turn: int, call_id: str, tool: str, arguments: dict[str, Any]
+    ) -> LedgerEntry:
+        execution_id = str(uuid.uuid4())
+        key = f"tj-{execution_id}"
+        db = self.store.db
+        with db.write() as session:
+            event = self.store.append_in(
+                session,
+                claim,
+                "ToolCallStarted",
+                {"tool": tool, "callId": call_id, "turn": turn, "executionId": execution_id},
+            )
+            row = ToolCallRecord(
+                run_id=claim.run_id,
+                turn=turn,
+                call_id=call_id,
+                tool=tool,
+                args_hash=arguments_hash(arguments),
+                arguments=arguments,
+                execution_id=execution_id,
+                idempotency_key=key,
+                status="started",
+                attempt=1,
+                started_at=event.at,
+            )
+            session.add(row)
+            session.flush()
+            entry = LedgerEntry(id=row.id, execution_id=execution_id, idempotency_key=key)
+        self.store.publish(event)
+        return entry
+
+    def finish(self, claim: Claim, entry: LedgerEntry, tool: str, outcome: ToolOutcome) -> None:
+        type_ = "ToolCallCompleted" if outcome.ok else "ToolCallFailed"
+        data: dict[str, Any] = {"tool": tool, "executionId": entry.execution_id}
+        data["attempts"] = outcome.attempts
+        if not outcome.ok:
+            data["error"] = {"code": outcome.error_code, "message": outcome.error_message}
+        with self.store.db.write() as session:
+            event = self.store.append_in(session, claim, type_, data)
+            session.execute(
+                update(ToolCallRecord)
+                .where(ToolCallRecord.id == entry.id)
+                .values(
+                    status="succeeded" if outcome.ok else "failed",
+                    result={"value": outcome.result} if outcome.ok else None,
+                    error_code=outcome.error_code,
+                    error_message=outcome.error_message,
+                    attempt=outcome.attempts,
+                    ended_at=event.at,
+                )
+            )
+        self.store.publish(event)

@@ -1,0 +1,67 @@
+"""The run state machine. Pure: which transitions exist, and what each status means.
+
+    Queued ──claim──> Running ──> Completed | Failed | Canceled
+       │                 └──> Waiting (a person must answer) ──> Queued
+       └──> Failed (never enqueued) | Canceled (cancelled before a worker claimed it)
+
+The IO around it (guarded UPDATEs with the run's fence) lives in `runs.store`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    WAITING = "Waiting"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    CANCELED = "Canceled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
+
+TERMINAL_EVENT = {
+    RunStatus.COMPLETED: "RunCompleted",
+    RunStatus.FAILED: "RunFailed",
+    RunStatus.CANCELED: "RunCanceled",
+}
+TERMINAL_EVENTS = frozenset(TERMINAL_EVENT.values())
+
+
+class ErrorClass(StrEnum):
+    INFRASTRUCTURE = "Infrastructure"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    PROVIDER = "Provider"
+    TOOL = "Tool"
+    CANCELLATION = "Cancellation"
+    CONFIGURATION = "Configuration"
+    INTERNAL = "Internal"
+
+
+@dataclass(frozen=True)
+class RunError:
+    """Why a run failed: `type` is the stable machine name, `error_class` its family."""
+
+    type: str
+    error_class: ErrorClass
+    message: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"type": self.type, "class": self.error_class.value, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Proof of ownership: every later write of the executor is guarded by this fence."""
+
+    run_id: str
+    fence: int
+    owner: str

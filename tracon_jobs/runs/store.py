@@ -1,0 +1,361 @@
+"""SQL persistence of runs and their events, every executor write guarded by its fence.
+
+The run row hands out event sequence numbers (`event_seq`), so appending an event is one
+guarded `UPDATE ... RETURNING` plus an insert in the same transaction: the fence check and
+the ordering come from the same statement, on SQLite and PostgreSQL alike.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import and_, case, func, literal, or_, select, update
+from sqlalchemy.orm import Session
+
+from tracon_jobs.coordination.event_feed import EventFeed
+from tracon_jobs.db import Database
+from tracon_jobs.db.models import Run, RunEvent
+from tracon_jobs.errors import RunTakenAway
+from tracon_jobs.runs.lifecycle import TERMINAL_EVENT, Claim, RunError, RunStatus
+
+
+@dataclass(frozen=True)
+class Event:
+    run_id: str
+    seq: int
+    type: str
+    at: datetime
+    data: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "type": self.type, "at": iso(self.at), "data": self.data}
+
+
+@dataclass(frozen=True)
+class NewRun:
+    tenant_id: str
+    agent: str
+    input: dict[str, Any]
+    kind: str = "agent"
+    session_id: str | None = None
+    parameters: dict[str, Any] | None = None
+    parent_run_id: str | None = None
+    root_run_id: str | None = None
+    depth: int = 0
+    continued_from_run_id: str | None = None
+    attempt: int = 1
+    currency: str = "USD"
+    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+
+@dataclass(frozen=True)
+class TurnSpend:
+    """What one model call cost, priced at the model that answered."""
+
+    model_id: str
+    input_tokens: int
+    output_tokens: int
+    cost: Decimal
+    cost_source: str
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    status: str | None = None
+    agent: str | None = None
+    session_id: str | None = None
+
+
+def iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat(timespec="milliseconds") + "Z"
+
+
+class RunStore:
+    def __init__(self, db: Database, feed: EventFeed | None = None) -> None:
+        self.db = db
+        self.feed = feed
+
+    def publish(self, event: Event | None) -> Event | None:
+        if event is not None and self.feed is not None:
+            self.feed.publish(event.run_id, event.seq)
+        return event
+
+    # -- creating and enqueueing -------------------------------------------------------
+
+    def create(self, new: NewRun) -> Run:
+        """Write the `Queued` row and its `RunQueued` event before any message is sent."""
+        now = self.db.now()
+        run = Run(
+            id=new.id,
+            tenant_id=new.tenant_id,
+            agent=new.agent,
+            kind=new.kind,
+            status=RunStatus.QUEUED.value,
+            input=new.input,
+            parameters=new.parameters,
+            session_id=new.session_id,
+            parent_run_id=new.parent_run_id,
+            root_run_id=new.root_run_id or new.id,
+            depth=new.depth,
+            continued_from_run_id=new.continued_from_run_id,
+            attempt=new.attempt,
+            turns_completed=0,
+            input_tokens=0,
+            output_tokens=0,
+            cost_amount=Decimal(0),
+            cost_currency=new.currency,
+            cost_source="Configured",
+            fence=0,
+            event_seq=1,
+            enqueue_count=0,
+            created_at=now,
+        )
+        with self.db.write() as session:
+            session.add(run)
+            session.flush()
+            session.add(
+                RunEvent(run_id=run.id, seq=1, type="RunQueued", at=now, data={"agent": new.agent})
+            )
+        self.publish(Event(run.id, 1, "RunQueued", now, {"agent": new.agent}))
+        return run
+
+    def mark_enqueued(self, run_id: str) -> None:
+        with self.db.write() as session:
+            session.execute(
+                update(Run)
+                .where(Run.id == run_id)
+                .values(enqueued_at=self.db.now(), enqueue_count=Run.enqueue_count + 1)
+            )
+
+    def fail_unsent(self, run_id: str, error: RunError) -> bool:
+        """Close a run whose message the broker refused, unless a worker has it already."""
+        return self._close(run_id, RunStatus.QUEUED, None, RunStatus.FAILED, error=error)
+
+    def unclaimed(self, now: datetime, older_than: timedelta, limit: int) -> list[str]:
+        """`Queued` runs nobody claimed: sent before the deadline, or never recorded as sent."""
+        deadline = now - older_than
+        query = (
+            select(Run.id)
+            .where(
+                Run.status == RunStatus.QUEUED.value,
+                or_(
+                    Run.enqueued_at < deadline,
+                    and_(Run.enqueued_at.is_(None), Run.created_at < deadline),
+                ),
+            )
+            .order_by(Run.created_at)
+            .limit(limit)
+        )
+        with self.db.read() as session:
+            return list(session.scalars(query))
+
+    # -- the executor's fenced writes --------------------------------------------------
+
+    def claim(self, run_id: str, owner: str) -> Claim | None:
+        """`Queued` -> `Running` with a new fence; None when the row is in any other state."""
+        now = self.db.now()
+        with self.db.write() as session:
+            fence = session.execute(
+                update(Run)
+                .where(Run.id == run_id, Run.status == RunStatus.QUEUED.value)
+                .values(
+                    status=RunStatus.RUNNING.value,
+                    fence=Run.fence + 1,
+                    owner=owner,
+                    started_at=func.coalesce(Run.started_at, now),
+                    heartbeat_at=now,
+                    event_seq=Run.event_seq + 1,
+                )
+                .returning(Run.fence, Run.event_seq)
+            ).one_or_none()
+            if fence is None:
+                return None
+            session.add(
+                RunEvent(
+                    run_id=run_id, seq=fence[1], type="RunStarted", at=now, data={"owner": owner}
+                )
+            )
+        self.publish(Event(run_id, fence[1], "RunStarted", now, {"owner": owner}))
+        return Claim(run_id=run_id, fence=fence[0], owner=owner)
+
+    def append(
+        self, claim: Claim | None, type_: str, data: dict[str, Any], *, run_id: str | None = None
+    ) -> Event:
+        """Append and publish one event (fenced when `claim` is given)."""
+        with self.db.write() as session:
+            event = self.append_in(session, claim, type_, data, run_id=run_id)
+        self.publish(event)
+        return event
+
+    def append_in(
+        self,
+        session: Session,
+        claim: Claim | None,
+        type_: str,
+        data: dict[str, Any],
+        *,
+        run_id: str | None = None,
+    ) -> Event:
+        """Append one event inside `session`; guarded by the fence when a claim is given."""
+        target = claim.run_id if claim else run_id
+        assert target is not None
+        statement = update(Run).where(Run.id == target)
+        if claim is not None:
+            statement = statement.where(
+                Run.fence == claim.fence, Run.status == RunStatus.RUNNING.value
+            )
+        seq = session.execute(
+            statement.values(event_seq=Run.event_seq + 1).returning(Run.event_seq)
+        ).scalar_one_or_none()
+        if seq is None:
+            raise RunTakenAway(f"run {target} is no longer owned by fence {claim and claim.fence}")
+        at = self.db.now()
+        session.add(RunEvent(run_id=target, seq=seq, type=type_, at=at, data=data))
+        return Event(run_id=target, seq=seq, type=type_, at=at, data=data)
+
+    def record_spend(self, claim: Claim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
+        """Add a model call's tokens and cost to the run, with its `ModelCallCompleted`."""
+        with self.db.write() as session:
+            event = self.append_in(session, claim, "ModelCallCompleted", event_data)
+            self._add_spend(session, claim, spend)
+        self.publish(event)
+        return event
+
+    def _add_spend(self, session: Session, claim: Claim, spend: TurnSpend) -> None:
+        session.execute(
+            update(Run)
+            .where(Run.id == claim.run_id, Run.fence == claim.fence)
+            .values(
+                model_id=spend.model_id,
+                input_tokens=Run.input_tokens + spend.input_tokens,
+                output_tokens=Run.output_tokens + spend.output_tokens,
+                cost_amount=Run.cost_amount + spend.cost,
+                cost_source=_worst_source(spend.cost_source),
+            )
+        )
+
+    def save_turn(self, claim: Claim, messages: Sequence[dict[str, Any]], turns: int) -> None:
+        """Persist the conversation after a finished turn, so the run resumes from SQL."""
+        with self.db.write() as session:
+            changed = session.execute(
+                update(Run)
+                .where(
+                    Run.id == claim.run_id,
+                    Run.fence == claim.fence,
+                    Run.status == RunStatus.RUNNING.value,
+                )
+                .values(messages=list(messages), turns_completed=turns)
+            ).rowcount
+            if changed != 1:
+                raise RunTakenAway(f"run {claim.run_id} was taken away")
+
+    def finish(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        output: dict[str, Any] | None = None,
+        error: RunError | None = None,
+    ) -> Event | None:
+        """The one fenced final write; None when the run was taken away meanwhile."""
+        return self._close(claim.run_id, RunStatus.RUNNING, claim, status, output, error)
+
+    def _close(
+        self,
+        run_id: str,
+        expected: RunStatus,
+        claim: Claim | None,
+        status: RunStatus,
+        output: dict[str, Any] | None = None,
+        error: RunError | None = None,
+    ) -> Event | None:
+        now = self.db.now()
+        guard = [Run.id == run_id, Run.status == expected.value]
+        if claim is not None:
+            guard.append(Run.fence == claim.fence)
+        with self.db.write() as session:
+            seq = session.execute(
+                update(Run)
+                .where(*guard)
+                .values(
+                    status=status.value,
+                    output=output,
+                    ended_at=now,
+                    error_type=error.type if error else None,
+                    error_class=error.error_class.value if error else None,
+                    error_message=error.message if error else None,
+                    event_seq=Run.event_seq + 1,
+                )
+                .returning(Run.event_seq)
+            ).scalar_one_or_none()
+            if seq is None:
+                return None
+            data: dict[str, Any] = {"status": status.value}
+            if output is not None:
+                data["output"] = output
+            if error is not None:
+                data["error"] = error.as_json()
+            type_ = TERMINAL_EVENT[status]
+            session.add(RunEvent(run_id=run_id, seq=seq, type=type_, at=now, data=data))
+        return self.publish(Event(run_id=run_id, seq=seq, type=type_, at=now, data=data))
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get(self, run_id: str, tenant_id: str | None = None) -> Run | None:
+        with self.db.read() as session:
+            run = session.get(Run, run_id)
+        if run is None or (tenant_id is not None and run.tenant_id != tenant_id):
+            return None
+        return run
+
+    def events(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        query = (
+            select(RunEvent)
+            .where(RunEvent.run_id == run_id, RunEvent.seq > after_seq)
+            .order_by(RunEvent.seq)
+            .limit(limit)
+        )
+        with self.db.read() as session:
+            rows = session.scalars(query).all()
+        return [Event(r.run_id, r.seq, r.type, r.at, r.data) for r in rows]
+
+    def list(
+        self, tenant_id: str, filters: RunFilter, *, limit: int, before: tuple[datetime, str] | None
+    ) -> list[Run]:
+        """Newest first; `before` is the (created_at, id) of the last row of the prior page."""
+        query = select(Run).where(Run.tenant_id == tenant_id)
+        if filters.status:
+            query = query.where(Run.status == filters.status)
+        if filters.agent:
+            query = query.where(Run.agent == filters.agent)
+        if filters.session_id:
+            query = query.where(Run.session_id == filters.session_id)
+        if before is not None:
+            created, run_id = before
+            query = query.where(
+                or_(Run.created_at < created, and_(Run.created_at == created, Run.id < run_id))
+            )
+        query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
+        with self.db.read() as session:
+            return list(session.scalars(query))
+
+    def tree(self, root_run_id: str, tenant_id: str) -> list[Run]:
+        query = (
+            select(Run)
+            .where(Run.root_run_id == root_run_id, Run.tenant_id == tenant_id)
+            .order_by(Run.depth, Run.created_at)
+        )
+        with self.db.read() as session:
+            return list(session.scalars(query))
+
+
+def _worst_source(source: str) -> Any:
+    """Once any call of a run had no price, the run's cost is `Unknown` for good."""
+    if source == "Unknown":
+        return literal("Unknown")
+    return case((Run.cost_source == "Unknown", literal("Unknown")), else_=literal(source))

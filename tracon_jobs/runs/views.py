@@ -1,0 +1,45 @@
+"""The public JSON shape of a run (the contract's "The run"), shared by HTTP and the CLI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracon_jobs.db.models import Run
+from tracon_jobs.runs.store import iso
+
+
+def run_json(run: Run, tenant_name: str | None = None) -> dict[str, Any]:
+    error = None
+    if run.error_type:
+        error = {"type": run.error_type, "class": run.error_class, "message": run.error_message}
+    return {
+        "id": run.id,
+        "tenant": tenant_name or run.tenant_id,
+        "agent": run.agent,
+        "kind": run.kind,
+        "status": run.status,
+        "input": run.input,
+        "output": run.output,
+        "sessionId": run.session_id,
+        "parentRunId": run.parent_run_id,
+        "rootRunId": run.root_run_id,
+        "depth": run.depth,
+        "continuedFromRunId": run.continued_from_run_id,
+        "attempt": run.attempt,
+        "modelId": run.model_id,
+        "usage": {
+            "inputTokens": run.input_tokens,
+            "outputTokens": run.output_tokens,
+            "totalTokens": run.input_tokens + run.output_tokens,
+        },
+        "cost": {
+            "amount": float(run.cost_amount or 0),
+            "currency": run.cost_currency,
+            "source": run.cost_source,
+        },
+        "error": error,
+        "createdAt": iso(run.created_at),
+        "startedAt": iso(run.started_at),
+        "endedAt": iso(run.ended_at),
+        "heartbeatAt": iso(run.heartbeat_at),
+    }

@@ -1,0 +1,86 @@
+"""The services of one process, built once from the settings and passed explicitly.
+
+No hidden globals: the Flask app keeps its Runtime in `app.extensions["tracon"]`, the
+Celery app as `celery_app.tracon`; tests build their own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import redis
+
+from tracon_jobs.agents.tools import ToolRegistry
+from tracon_jobs.agents.tools import registry as default_tools
+from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
+from tracon_jobs.db import Database
+from tracon_jobs.errors import ConfigurationError
+from tracon_jobs.providers.registry import ProviderRegistry
+from tracon_jobs.runs.store import RunStore
+from tracon_jobs.settings import Settings
+from tracon_jobs.tenants import TenantStore
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from tracon_jobs.runs.dispatch import RunDispatcher
+    from tracon_jobs.runs.executor import RunExecutor
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        feed: EventFeed | None = None,
+        tools: ToolRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = Database(settings.database.url, pool_size=settings.worker.concurrency + 5)
+        self.redis = redis.Redis.from_url(
+            settings.redis.url, health_check_interval=30, socket_connect_timeout=5
+        )
+        self.feed = feed or RedisEventFeed(self.redis)
+        self.runs = RunStore(self.db, self.feed)
+        self.tenants = TenantStore(self.db)
+        self.providers = ProviderRegistry(settings.providers)
+        self.tools = tools or default_tools
+        self.owner_id = settings.singleton_execution.resolved_owner_id()
+        import_tool_modules(settings.tool_modules)
+
+    @cached_property
+    def celery(self) -> Celery:
+        from tracon_jobs.celery_app import create_celery
+
+        return create_celery(self)
+
+    @cached_property
+    def executor(self) -> RunExecutor:
+        from tracon_jobs.runs.executor import RunExecutor
+
+        return RunExecutor(self)
+
+    @cached_property
+    def dispatcher(self) -> RunDispatcher:
+        from tracon_jobs.runs.dispatch import RunDispatcher, celery_sender
+
+        return RunDispatcher(self.runs, celery_sender(self.celery))
+
+    def close(self) -> None:
+        self.providers.close_all()
+        self.db.dispose()
+        self.redis.close()
+
+
+def import_tool_modules(modules: list[str]) -> None:
+    """Import the modules whose `@tool` declarations fill the registry."""
+    for index, name in enumerate(modules):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigurationError(f"ToolModules[{index}]", f"cannot import '{name}': {exc}")

@@ -1,0 +1,31 @@
+"""The Flask front end: `create_app(runtime)` with one blueprint per surface.
+
+The web process never executes a run: it authenticates, validates, writes the `Queued`
+row, enqueues the task and then answers 202, streams the run's events, or waits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask
+
+from tracon_jobs.runtime import Runtime
+from tracon_jobs.settings import load_settings
+
+
+def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | None = None) -> Flask:
+    from web import health, openapi, problems, runs
+
+    app = Flask(__name__)
+    app.config.update(SSE_KEEPALIVE_SECONDS=15.0, JSON_SORT_KEYS=False)
+    if test_config:
+        app.config.update(test_config)
+    app.extensions["tracon"] = runtime or Runtime(load_settings())
+    problems.init_app(app)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(openapi.bp)
+    app.register_blueprint(runs.bp)
+    logging.getLogger(__name__).info("tracon-jobs web ready")
+    return app

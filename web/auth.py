@@ -1,0 +1,30 @@
+"""Bearer API-key authentication: every request of a protected blueprint has a tenant."""
+
+from __future__ import annotations
+
+from flask import Blueprint, g, request
+
+from web.extensions import runtime
+from web.problems import Problem
+
+
+def unauthorized(detail: str) -> Problem:
+    return Problem(401, "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_tenant(blueprint: Blueprint) -> None:
+    @blueprint.before_request
+    def _authenticate() -> None:
+        header = request.headers.get("Authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise unauthorized("an API key is required: Authorization: Bearer <key>")
+        tenant_id = runtime().tenants.authenticate(key.strip())
+        if tenant_id is None:
+            raise unauthorized("the API key is not valid")
+        g.tenant_id = tenant_id
+
+
+def tenant_id() -> str:
+    value: str = g.tenant_id
+    return value

@@ -1,0 +1,170 @@
+"""The run surface: submit an agent run, read runs, their events and their trees."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import datetime
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify, request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tracon_jobs.db.models import Run
+from tracon_jobs.errors import EnqueueError
+from tracon_jobs.runs.store import NewRun, RunFilter
+from tracon_jobs.runs.views import run_json
+from web.auth import require_tenant, tenant_id
+from web.extensions import runtime
+from web.problems import Problem, bad_request, not_found
+from web.sse import sse_frames, sse_response, tail
+
+bp = Blueprint("runs", __name__, url_prefix="/api")
+require_tenant(bp)
+
+MAX_PAGE = 200
+STATUSES = {"Queued", "Running", "Waiting", "Completed", "Failed", "Canceled"}
+
+
+class RunRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    message: str = Field(min_length=1)
+    session_id: str | None = Field(default=None, alias="sessionId", max_length=200)
+    parameters: dict[str, Any] | None = None
+
+
+def parse_body(model: type[BaseModel]) -> Any:
+    """The JSON body validated by `model`; 400 naming the field and the rule otherwise."""
+    body = request.get_json(silent=True)
+    if body is None:
+        raise bad_request("the request body must be a JSON object", field="body")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "body"
+        raise bad_request(f"{field}: {first['msg']}", field=field) from exc
+
+
+def prefers_async() -> bool:
+    prefer = request.headers.get("Prefer", "")
+    return "respond-async" in [part.strip().lower() for part in prefer.split(",")]
+
+
+@bp.post("/agents/<name>/run")
+def run_agent(name: str) -> Response | tuple[Response, int, dict[str, str]]:
+    rt = runtime()
+    if name not in rt.settings.agents:
+        raise not_found(f"no agent named '{name}'")
+    body: RunRequest = parse_body(RunRequest)
+    run = submit(NewRun(
+        tenant_id=tenant_id(),
+        agent=name,
+        input={"message": body.message},
+        session_id=body.session_id,
+        parameters=body.parameters,
+        currency=rt.settings.pricing.currency,
+    ))
+    location = f"/api/runs/{run.id}"
+    if prefers_async():
+        headers = {"Location": location, "Preference-Applied": "respond-async"}
+        return jsonify({"runId": run.id, "status": run.status}), 202, headers
+    keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
+    events = tail(rt.runs, rt.feed, run.id, 0, keepalive)
+    return sse_response(sse_frames(events), Location=location)
+
+
+def submit(new: NewRun) -> Run:
+    try:
+        return runtime().dispatcher.submit(new)
+    except EnqueueError as exc:
+        raise Problem(
+            503,
+            "Service Unavailable",
+            f"the run was recorded but could not be queued: {exc}",
+            headers={"Retry-After": "5"},
+            runId=new.id,
+        ) from exc
+
+
+@bp.get("/runs/<run_id>")
+def get_run(run_id: str) -> Response:
+    return jsonify(run_json(owned_run(run_id)))
+
+
+def owned_run(run_id: str) -> Run:
+    run = runtime().runs.get(run_id, tenant_id())
+    if run is None:
+        raise not_found(f"no run '{run_id}'")
+    return run
+
+
+@bp.get("/runs")
+def list_runs() -> Response:
+    status = request.args.get("status")
+    if status is not None and status not in STATUSES:
+        raise bad_request(f"status: must be one of {', '.join(sorted(STATUSES))}", field="status")
+    filters = RunFilter(status, request.args.get("agent"), request.args.get("sessionId"))
+    limit = page_size(request.args.get("limit"))
+    before = decode_cursor(request.args.get("cursor"))
+    runs = runtime().runs.list(tenant_id(), filters, limit=limit + 1, before=before)
+    page, more = runs[:limit], len(runs) > limit
+    cursor = encode_cursor(page[-1]) if more and page else None
+    return jsonify({"items": [run_json(run) for run in page], "nextCursor": cursor})
+
+
+def page_size(raw: str | None) -> int:
+    if raw is None:
+        return 50
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+        raise bad_request(f"limit: must be an integer from 1 to {MAX_PAGE}", field="limit")
+    return int(raw)
+
+
+def encode_cursor(run: Run) -> str:
+    raw = f"{run.created_at.isoformat()}|{run.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> tuple[datetime, str] | None:
+    if not cursor:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, run_id = raw.split("|", 1)
+        return datetime.fromisoformat(created), run_id
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise bad_request("cursor: not a cursor this API returned", field="cursor") from exc
+
+
+@bp.get("/runs/<run_id>/events")
+def run_events(run_id: str) -> Response:
+    owned_run(run_id)
+    rt = runtime()
+    after = last_event_id()
+    if "text/event-stream" in request.headers.get("Accept", ""):
+        keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
+        return sse_response(sse_frames(tail(rt.runs, rt.feed, run_id, after, keepalive)))
+    return jsonify({"items": [event.as_json() for event in rt.runs.events(run_id, after)]})
+
+
+def last_event_id() -> int:
+    raw = request.headers.get("Last-Event-ID") or request.args.get("after") or "0"
+    if not raw.strip().isdigit():
+        raise bad_request("Last-Event-ID: must be an event sequence number", field="Last-Event-ID")
+    return int(raw)
+
+
+@bp.get("/runs/<run_id>/tree")
+def run_tree(run_id: str) -> Response:
+    run = owned_run(run_id)
+    runs = runtime().runs.tree(run.root_run_id, tenant_id())
+    return jsonify({"rootRunId": run.root_run_id, "runs": [tree_node(r) for r in runs]})
+
+
+def tree_node(run: Run) -> dict[str, Any]:
+    view = run_json(run)
+    keys = ("id", "agent", "kind", "status", "parentRunId", "depth", "continuedFromRunId",
+            "modelId", "usage", "cost", "error")
+    return {key: view[key] for key in keys}
