@@ -216,6 +216,7 @@ def cmd_runs_show(args: argparse.Namespace, rest: list[str]) -> int:
 def cmd_dev(args: argparse.Namespace, rest: list[str]) -> int:
     from tracon_jobs.embedded_redis import ensure_redis
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the children on SIGTERM too
     env = dict(os.environ)
     if not env.get("TRACON_CONFIG") and not Path("tracon.json").exists():
         env["TRACON_CONFIG"] = str(DEMO_CONFIG)

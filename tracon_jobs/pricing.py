@@ -11,12 +11,16 @@ MILLION = Decimal(1_000_000)
 
 
 class _Price(Protocol):
-    input_per_million: Decimal
-    output_per_million: Decimal
+    @property
+    def input_per_million(self) -> Decimal: ...
+
+    @property
+    def output_per_million(self) -> Decimal: ...
 
 
 class _Pricing(Protocol):
-    currency: str
+    @property
+    def currency(self) -> str: ...
 
     def price_for(self, model: str) -> _Price | None: ...
 

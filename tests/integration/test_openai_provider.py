@@ -260,6 +260,9 @@ def test_a_forked_child_gets_its_own_loop_and_client(
     child = context.Process(target=_complete_in_child, args=(provider, results))
     child.start()
     child.join(timeout=10)
+    if child.is_alive():  # a stuck child must not outlive the test
+        child.kill()
+        child.join()
 
     # Then it answers through a loop and client of its own
     assert child.exitcode == 0

@@ -80,7 +80,7 @@ def run_abortable(coro: Coroutine[Any, Any, T], signal: AbortSignal, *, provider
         return future.result()
     except concurrent.futures.CancelledError:
         raise _cancelled(signal, provider) from None
-    except BaseException:
+    except Exception:
         if signal.aborted:
             raise _cancelled(signal, provider) from None
         raise
