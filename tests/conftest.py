@@ -145,9 +145,7 @@ def scripted_agent(script: list[dict[str, Any]], tools: list[str] | None = None)
 
 
 @pytest.fixture
-def make_runtime(
-    redis_client: redis.Redis, redis_url: str
-) -> Iterator[Callable[..., Runtime]]:
+def make_runtime(redis_client: redis.Redis, redis_url: str) -> Iterator[Callable[..., Runtime]]:
     runtimes: list[Runtime] = []
 
     def make(sql_url: str, **sections: Any) -> Runtime:

@@ -45,7 +45,7 @@ def create_celery(runtime: Runtime) -> Celery:
         beat_schedule=build_schedule(settings),
         timezone="UTC",
     )
-    app.tracon = runtime  # type: ignore[attr-defined]
+    app.tracon = runtime
     register_tasks(app, runtime)
     return app
 

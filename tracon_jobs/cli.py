@@ -26,8 +26,10 @@ Handler = Callable[[argparse.Namespace, list[str]], int]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    logging.basicConfig(level=os.environ.get("TRACON_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("TRACON_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
@@ -113,7 +115,7 @@ def cmd_web(args: argparse.Namespace, rest: list[str]) -> int:
 
     load_settings()  # fail at startup, not in the first request
 
-    class WebApplication(BaseApplication):  # type: ignore[misc]
+    class WebApplication(BaseApplication):
         def load_config(self) -> None:
             self.cfg.set("bind", args.bind)
             self.cfg.set("workers", args.workers)
@@ -135,8 +137,19 @@ def cmd_web(args: argparse.Namespace, rest: list[str]) -> int:
 def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = _runtime()
     settings: Settings = runtime.settings
-    argv = ["worker", "--pool", "threads", "-c", str(settings.worker.concurrency), "-E",
-            "-Q", "tracon.runs,tracon.control", "--loglevel", "INFO", *rest]
+    argv = [
+        "worker",
+        "--pool",
+        "threads",
+        "-c",
+        str(settings.worker.concurrency),
+        "-E",
+        "-Q",
+        "tracon.runs,tracon.control",
+        "--loglevel",
+        "INFO",
+        *rest,
+    ]
     runtime.celery.worker_main(argv)
     return 0
 
@@ -188,11 +201,14 @@ def cmd_runs_list(args: argparse.Namespace, rest: list[str]) -> int:
     if tenant_id is None:
         print(f"no tenant '{args.tenant}'", file=sys.stderr)
         return 1
-    runs = runtime.runs.list(tenant_id, RunFilter(status=args.status), limit=args.limit,
-                             before=None)
+    runs = runtime.runs.page(
+        tenant_id, RunFilter(status=args.status), limit=args.limit, before=None
+    )
     for run in runs:
-        print(f"{run.id}  {run.status:<9}  {run.agent:<16}  {run.created_at:%Y-%m-%d %H:%M:%S}"
-              f"  {run.error_type or ''}")
+        print(
+            f"{run.id}  {run.status:<9}  {run.agent:<16}  {run.created_at:%Y-%m-%d %H:%M:%S}"
+            f"  {run.error_type or ''}"
+        )
     return 0
 
 

@@ -1,17 +1,17 @@
 """One exception family for tracon-jobs.
 
-    TraconError
-    ├── ConfigurationError          invalid settings; raised at startup, names the setting
-    ├── ToolRegistrationError       a @tool declaration that breaks a rule
-    ├── ProviderError               a model provider call failed; carries status or kind
-    │   └── ProviderUnavailableError    rejected before reaching the provider (open circuit)
-    ├── ToolError                   a tool execution failed
-    │   ├── RetryableToolError          the handler says a new attempt may succeed
-    │   ├── ToolTimeoutError            the attempt ran past its timeout (retryable)
-    │   └── ToolCancelledError          the run was cancelled (terminal)
-    ├── RunCancelled                the executor observed a cancel request
-    ├── RunTakenAway                a fenced write changed no row: another owner has the run
-    └── EnqueueError                the broker did not accept a run's message
+TraconError
+├── ConfigurationError          invalid settings; raised at startup, names the setting
+├── ToolRegistrationError       a @tool declaration that breaks a rule
+├── ProviderError               a model provider call failed; carries status or kind
+│   └── ProviderUnavailableError    rejected before reaching the provider (open circuit)
+├── ToolError                   a tool execution failed
+│   ├── RetryableToolError          the handler says a new attempt may succeed
+│   ├── ToolTimeoutError            the attempt ran past its timeout (retryable)
+│   └── ToolCancelledError          the run was cancelled (terminal)
+├── RunCancelled                the executor observed a cancel request
+├── RunTakenAway                a fenced write changed no row: another owner has the run
+└── EnqueueError                the broker did not accept a run's message
 """
 
 from __future__ import annotations

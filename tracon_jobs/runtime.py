@@ -83,4 +83,6 @@ def import_tool_modules(modules: list[str]) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise ConfigurationError(f"ToolModules[{index}]", f"cannot import '{name}': {exc}")
+            raise ConfigurationError(
+                f"ToolModules[{index}]", f"cannot import '{name}': {exc}"
+            ) from exc

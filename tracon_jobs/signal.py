@@ -73,4 +73,3 @@ class AbortSignal:
     def _discard(self, callback: Callback) -> None:
         with self._lock, contextlib.suppress(ValueError):
             self._callbacks.remove(callback)
-

@@ -71,35 +71,75 @@ def document() -> dict[str, Any]:
                         "503": PROBLEM,
                     },
                     parameters=[
-                        {"name": "name", "in": "path", "required": True,
-                         "schema": {"type": "string"}},
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
                         {"name": "Prefer", "in": "header", "schema": {"type": "string"}},
                     ],
                     requestBody={
                         "required": True,
-                        "content": {"application/json": {
-                            "schema": {"$ref": "#/components/schemas/RunRequest"}}},
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/RunRequest"}
+                            }
+                        },
                     },
                 )
             },
-            "/api/runs": {"get": _op("List runs, newest first", {
-                "200": {"description": "a page of runs with nextCursor"}, "400": PROBLEM},
-                parameters=[{"name": n, "in": "query", "schema": {"type": "string"}}
-                            for n in ("status", "agent", "sessionId", "cursor", "limit")])},
-            "/api/runs/{id}": {"get": _op("A run", {"200": _json("Run", "the run")},
-                                          parameters=[RUN_ID])},
-            "/api/runs/{id}/events": {"get": _op(
-                "The run's events; Accept: text/event-stream follows live",
-                {"200": {"description": "events in order"}}, parameters=[RUN_ID])},
-            "/api/runs/{id}/tree": {"get": _op("The run tree rooted at the run's root",
-                                               {"200": {"description": "runs"}},
-                                               parameters=[RUN_ID])},
-            "/healthz": {"get": {"summary": "Liveness", "security": [],
-                                 "responses": {"200": {"description": "alive"}}}},
-            "/readyz": {"get": {"summary": "Readiness", "security": [], "responses": {
-                "200": {"description": "ready"}, "503": {"description": "not ready"}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [],
-                                 "responses": {"200": {"description": "text format"}}}},
+            "/api/runs": {
+                "get": _op(
+                    "List runs, newest first",
+                    {"200": {"description": "a page of runs with nextCursor"}, "400": PROBLEM},
+                    parameters=[
+                        {"name": n, "in": "query", "schema": {"type": "string"}}
+                        for n in ("status", "agent", "sessionId", "cursor", "limit")
+                    ],
+                )
+            },
+            "/api/runs/{id}": {
+                "get": _op("A run", {"200": _json("Run", "the run")}, parameters=[RUN_ID])
+            },
+            "/api/runs/{id}/events": {
+                "get": _op(
+                    "The run's events; Accept: text/event-stream follows live",
+                    {"200": {"description": "events in order"}},
+                    parameters=[RUN_ID],
+                )
+            },
+            "/api/runs/{id}/tree": {
+                "get": _op(
+                    "The run tree rooted at the run's root",
+                    {"200": {"description": "runs"}},
+                    parameters=[RUN_ID],
+                )
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Liveness",
+                    "security": [],
+                    "responses": {"200": {"description": "alive"}},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness",
+                    "security": [],
+                    "responses": {
+                        "200": {"description": "ready"},
+                        "503": {"description": "not ready"},
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "security": [],
+                    "responses": {"200": {"description": "text format"}},
+                }
+            },
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -115,14 +155,30 @@ def document() -> dict[str, Any]:
                         "parameters": {"type": "object"},
                     },
                 },
-                "Accepted": {"type": "object", "properties": {
-                    "runId": {"type": "string"}, "status": {"type": "string"}}},
-                "Problem": {"type": "object", "properties": {
-                    "type": {"type": "string"}, "title": {"type": "string"},
-                    "status": {"type": "integer"}, "detail": {"type": "string"}}},
+                "Accepted": {
+                    "type": "object",
+                    "properties": {"runId": {"type": "string"}, "status": {"type": "string"}},
+                },
+                "Problem": {
+                    "type": "object",
+                    "properties": {
+                        "type": {"type": "string"},
+                        "title": {"type": "string"},
+                        "status": {"type": "integer"},
+                        "detail": {"type": "string"},
+                    },
+                },
             },
-            "responses": {"Problem": {"description": "problem+json", "content": {
-                "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}},
+            "responses": {
+                "Problem": {
+                    "description": "problem+json",
+                    "content": {
+                        "application/problem+json": {
+                            "schema": {"$ref": "#/components/schemas/Problem"}
+                        }
+                    },
+                }
+            },
         },
     }
 

@@ -28,10 +28,16 @@ class Problem(Exception):
         self.extra = extra
 
     def response(self) -> Response:
-        body = {"type": PROBLEM_TYPE, "title": self.title, "status": self.status,
-                "detail": self.detail, **self.extra}
-        response = Response(json.dumps(body), status=self.status,
-                            mimetype="application/problem+json")
+        body = {
+            "type": PROBLEM_TYPE,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            **self.extra,
+        }
+        response = Response(
+            json.dumps(body), status=self.status, mimetype="application/problem+json"
+        )
         response.headers.update(self.headers)
         return response
 

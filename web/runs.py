@@ -58,14 +58,16 @@ def run_agent(name: str) -> Response | tuple[Response, int, dict[str, str]]:
     if name not in rt.settings.agents:
         raise not_found(f"no agent named '{name}'")
     body: RunRequest = parse_body(RunRequest)
-    run = submit(NewRun(
-        tenant_id=tenant_id(),
-        agent=name,
-        input={"message": body.message},
-        session_id=body.session_id,
-        parameters=body.parameters,
-        currency=rt.settings.pricing.currency,
-    ))
+    run = submit(
+        NewRun(
+            tenant_id=tenant_id(),
+            agent=name,
+            input={"message": body.message},
+            session_id=body.session_id,
+            parameters=body.parameters,
+            currency=rt.settings.pricing.currency,
+        )
+    )
     location = f"/api/runs/{run.id}"
     if prefers_async():
         headers = {"Location": location, "Preference-Applied": "respond-async"}
@@ -108,7 +110,7 @@ def list_runs() -> Response:
     filters = RunFilter(status, request.args.get("agent"), request.args.get("sessionId"))
     limit = page_size(request.args.get("limit"))
     before = decode_cursor(request.args.get("cursor"))
-    runs = runtime().runs.list(tenant_id(), filters, limit=limit + 1, before=before)
+    runs = runtime().runs.page(tenant_id(), filters, limit=limit + 1, before=before)
     page, more = runs[:limit], len(runs) > limit
     cursor = encode_cursor(page[-1]) if more and page else None
     return jsonify({"items": [run_json(run) for run in page], "nextCursor": cursor})
@@ -165,6 +167,17 @@ def run_tree(run_id: str) -> Response:
 
 def tree_node(run: Run) -> dict[str, Any]:
     view = run_json(run)
-    keys = ("id", "agent", "kind", "status", "parentRunId", "depth", "continuedFromRunId",
-            "modelId", "usage", "cost", "error")
+    keys = (
+        "id",
+        "agent",
+        "kind",
+        "status",
+        "parentRunId",
+        "depth",
+        "continuedFromRunId",
+        "modelId",
+        "usage",
+        "cost",
+        "error",
+    )
     return {key: view[key] for key in keys}

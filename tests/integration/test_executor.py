@@ -19,8 +19,11 @@ from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
 TOOL_THEN_ANSWER = [
-    {"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A-1"}}],
-     "InputTokens": 100, "OutputTokens": 20},
+    {
+        "ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A-1"}}],
+        "InputTokens": 100,
+        "OutputTokens": 20,
+    },
     {"Text": "It shipped.", "InputTokens": 150, "OutputTokens": 10},
 ]
 
@@ -54,8 +57,14 @@ def test_tool_call_then_answer_records_ledger_tokens_and_cost(
     assert run.turns_completed == 1
     assert [m["role"] for m in run.messages or []] == ["system", "user", "assistant", "tool"]
     assert event_types(runtime, run_id) == [
-        "RunQueued", "RunStarted", "ModelCallStarted", "ModelCallCompleted",
-        "ToolCallStarted", "ToolCallCompleted", "ModelCallStarted", "ModelCallCompleted",
+        "RunQueued",
+        "RunStarted",
+        "ModelCallStarted",
+        "ModelCallCompleted",
+        "ToolCallStarted",
+        "ToolCallCompleted",
+        "ModelCallStarted",
+        "ModelCallCompleted",
         "RunCompleted",
     ]
     with runtime.db.read() as session:
@@ -69,15 +78,23 @@ def test_openai_provider_over_real_http(
     make_runtime: Callable[..., Runtime], sql_url: str, stub_provider: StubProvider
 ) -> None:
     sections = scripted_agent([], ["lookup_order"])
-    sections["Providers"] = {"stub": {"Kind": "openai", "BaseUrl": stub_provider.base_url,
-                                      "TimeoutSeconds": 5}}
-    sections["Agents"]["demo"]["Model"] = {"provider": "stub", "model": "gpt-test",
-                                           "temperature": 0.2}
+    sections["Providers"] = {
+        "stub": {"Kind": "openai", "BaseUrl": stub_provider.base_url, "TimeoutSeconds": 5}
+    }
+    sections["Agents"]["demo"]["Model"] = {
+        "provider": "stub",
+        "model": "gpt-test",
+        "temperature": 0.2,
+    }
     sections["Pricing"] = {"Models": {"gpt-test": {"InputPerMillion": 2, "OutputPerMillion": 8}}}
     runtime = make_runtime(sql_url, **sections)
     stub_provider.enqueue(
-        Reply(None, tool_calls=(StubToolCall("lookup_order", {"order_id": "B-7"}),),
-              input_tokens=40, output_tokens=8),
+        Reply(
+            None,
+            tool_calls=(StubToolCall("lookup_order", {"order_id": "B-7"}),),
+            input_tokens=40,
+            output_tokens=8,
+        ),
         reply("B-7 shipped.", input_tokens=60, output_tokens=6),
     )
     run_id = submit(runtime)

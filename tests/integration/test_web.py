@@ -66,8 +66,9 @@ def parse_sse(body: str) -> list[dict[str, Any]]:
         if not lines:
             continue
         fields = dict(line.split(": ", 1) for line in lines)
-        frames.append({"id": int(fields["id"]), "event": fields["event"],
-                       "data": json.loads(fields["data"])})
+        frames.append(
+            {"id": int(fields["id"]), "event": fields["event"], "data": json.loads(fields["data"])}
+        )
     return frames
 
 
@@ -84,8 +85,9 @@ def wait_for_status(client: FlaskClient, key: str, run_id: str, status: str) -> 
 def test_run_streams_its_events_as_sse_ending_with_run_completed(
     client: FlaskClient, key: str
 ) -> None:
-    response = client.post("/api/agents/demo/run", headers=auth(key),
-                           json={"message": "Where is A-1?"})
+    response = client.post(
+        "/api/agents/demo/run", headers=auth(key), json={"message": "Where is A-1?"}
+    )
 
     assert response.status_code == 200
     assert response.mimetype == "text/event-stream"
@@ -98,8 +100,11 @@ def test_run_streams_its_events_as_sse_ending_with_run_completed(
 
 
 def test_respond_async_answers_202_with_location(client: FlaskClient, key: str) -> None:
-    response = client.post("/api/agents/demo/run", json={"message": "hi", "sessionId": "s-1"},
-                           headers=auth(key, Prefer="respond-async"))
+    response = client.post(
+        "/api/agents/demo/run",
+        json={"message": "hi", "sessionId": "s-1"},
+        headers=auth(key, Prefer="respond-async"),
+    )
 
     assert response.status_code == 202
     assert response.headers["Preference-Applied"] == "respond-async"
@@ -109,15 +114,21 @@ def test_respond_async_answers_202_with_location(client: FlaskClient, key: str) 
     assert run["sessionId"] == "s-1"
     assert run["rootRunId"] == run_id and run["depth"] == 0
     assert run["usage"]["totalTokens"] == 30
-    assert run["cost"] == {"amount": pytest.approx(0.00004), "currency": "USD",
-                           "source": "Configured"}
+    assert run["cost"] == {
+        "amount": pytest.approx(0.00004),
+        "currency": "USD",
+        "source": "Configured",
+    }
     assert run["output"] == {"text": "It shipped."}
 
 
 @pytest.mark.parametrize(
     ("headers", "status"),
-    [({}, 401), ({"Authorization": "Bearer tjk_nope_nope"}, 401),
-     ({"Authorization": "Basic abc"}, 401)],
+    [
+        ({}, 401),
+        ({"Authorization": "Bearer tjk_nope_nope"}, 401),
+        ({"Authorization": "Basic abc"}, 401),
+    ],
 )
 def test_missing_or_unknown_key_is_401(
     client: FlaskClient, headers: dict[str, str], status: int
@@ -140,8 +151,9 @@ def test_missing_or_unknown_key_is_401(
 def test_bad_bodies_are_400_naming_the_field(
     client: FlaskClient, key: str, runtime: Runtime, body: bytes, field: str
 ) -> None:
-    response = client.post("/api/agents/demo/run", data=body,
-                           headers=auth(key, **{"Content-Type": "application/json"}))
+    response = client.post(
+        "/api/agents/demo/run", data=body, headers=auth(key, **{"Content-Type": "application/json"})
+    )
 
     assert response.status_code == 400
     problem = response.get_json()
@@ -157,8 +169,9 @@ def test_unknown_agent_is_404(client: FlaskClient, key: str) -> None:
 
 def test_tenants_never_see_each_other(client: FlaskClient, key: str, runtime: Runtime) -> None:
     other = runtime.tenants.issue_key(runtime.tenants.ensure_tenant("globex")).secret
-    run_id = client.post("/api/agents/demo/run", json={"message": "x"},
-                         headers=auth(key, Prefer="respond-async")).get_json()["runId"]
+    run_id = client.post(
+        "/api/agents/demo/run", json={"message": "x"}, headers=auth(key, Prefer="respond-async")
+    ).get_json()["runId"]
 
     for path in (f"/api/runs/{run_id}", f"/api/runs/{run_id}/events", f"/api/runs/{run_id}/tree"):
         assert client.get(path, headers=auth(other)).status_code == 404
@@ -167,8 +180,11 @@ def test_tenants_never_see_each_other(client: FlaskClient, key: str, runtime: Ru
 
 def test_list_filters_and_paginates_with_a_cursor(client: FlaskClient, key: str) -> None:
     ids = [
-        client.post("/api/agents/demo/run", json={"message": f"m{i}", "sessionId": f"s{i % 2}"},
-                    headers=auth(key, Prefer="respond-async")).get_json()["runId"]
+        client.post(
+            "/api/agents/demo/run",
+            json={"message": f"m{i}", "sessionId": f"s{i % 2}"},
+            headers=auth(key, Prefer="respond-async"),
+        ).get_json()["runId"]
         for i in range(5)
     ]
     for run_id in ids:
@@ -184,21 +200,27 @@ def test_list_filters_and_paginates_with_a_cursor(client: FlaskClient, key: str)
         if cursor is None:
             break
     assert sorted(seen) == sorted(ids) and len(seen) == 5
-    by_session = client.get("/api/runs", query_string={"sessionId": "s0"},
-                            headers=auth(key)).get_json()["items"]
+    by_session = client.get(
+        "/api/runs", query_string={"sessionId": "s0"}, headers=auth(key)
+    ).get_json()["items"]
     assert len(by_session) == 3
-    assert client.get("/api/runs", query_string={"status": "Done"},
-                      headers=auth(key)).status_code == 400
+    assert (
+        client.get("/api/runs", query_string={"status": "Done"}, headers=auth(key)).status_code
+        == 400
+    )
 
 
 def test_events_json_and_sse_resume_with_last_event_id(client: FlaskClient, key: str) -> None:
-    run_id = client.post("/api/agents/demo/run", json={"message": "x"},
-                         headers=auth(key, Prefer="respond-async")).get_json()["runId"]
+    run_id = client.post(
+        "/api/agents/demo/run", json={"message": "x"}, headers=auth(key, Prefer="respond-async")
+    ).get_json()["runId"]
     wait_for_status(client, key, run_id, "Completed")
     all_events = client.get(f"/api/runs/{run_id}/events", headers=auth(key)).get_json()["items"]
 
-    resumed = client.get(f"/api/runs/{run_id}/events",
-                         headers=auth(key, Accept="text/event-stream", **{"Last-Event-ID": "3"}))
+    resumed = client.get(
+        f"/api/runs/{run_id}/events",
+        headers=auth(key, Accept="text/event-stream", **{"Last-Event-ID": "3"}),
+    )
 
     frames = parse_sse(resumed.get_data(as_text=True))
     assert [f["id"] for f in frames] == [e["seq"] for e in all_events if e["seq"] > 3]
@@ -210,12 +232,14 @@ def test_live_tail_follows_a_running_run_without_gaps_or_duplicates(
 ) -> None:
     # Given a run that is still queued when the tail subscribes
     runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
-    run_id = client.post("/api/agents/demo/run", json={"message": "x"},
-                         headers=auth(key, Prefer="respond-async")).get_json()["runId"]
+    run_id = client.post(
+        "/api/agents/demo/run", json={"message": "x"}, headers=auth(key, Prefer="respond-async")
+    ).get_json()["runId"]
     threading.Timer(0.3, runtime.executor.execute, args=(run_id,)).start()
 
-    response = client.get(f"/api/runs/{run_id}/events",
-                          headers=auth(key, Accept="text/event-stream"))
+    response = client.get(
+        f"/api/runs/{run_id}/events", headers=auth(key, Accept="text/event-stream")
+    )
 
     body = response.get_data(as_text=True)
     frames = parse_sse(body)
@@ -224,8 +248,9 @@ def test_live_tail_follows_a_running_run_without_gaps_or_duplicates(
 
 
 def test_tree_lists_the_root(client: FlaskClient, key: str) -> None:
-    run_id = client.post("/api/agents/demo/run", json={"message": "x"},
-                         headers=auth(key, Prefer="respond-async")).get_json()["runId"]
+    run_id = client.post(
+        "/api/agents/demo/run", json={"message": "x"}, headers=auth(key, Prefer="respond-async")
+    ).get_json()["runId"]
     tree = client.get(f"/api/runs/{run_id}/tree", headers=auth(key)).get_json()
     assert tree["rootRunId"] == run_id
     assert [node["id"] for node in tree["runs"]] == [run_id]
@@ -238,8 +263,9 @@ def test_enqueue_failure_is_503_and_recorded(
         raise EnqueueError("broker down")
 
     runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, refuse)
-    response = client.post("/api/agents/demo/run", json={"message": "x"},
-                           headers=auth(key, Prefer="respond-async"))
+    response = client.post(
+        "/api/agents/demo/run", json={"message": "x"}, headers=auth(key, Prefer="respond-async")
+    )
 
     assert response.status_code == 503
     run_id = response.get_json()["runId"]

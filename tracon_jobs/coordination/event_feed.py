@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
@@ -53,14 +53,14 @@ class RedisEventFeed:
 
     def position(self, run_id: str) -> str:
         try:
-            last = self.client.xrevrange(self.key(run_id), count=1)
+            last: Any = self.client.xrevrange(self.key(run_id), count=1)
         except redis.RedisError:
             return "0-0"
         return _decode(last[0][0]) if last else "0-0"
 
     def wait(self, run_id: str, position: str, timeout: float) -> str | None:
         try:
-            reply = self.client.xread(
+            reply: Any = self.client.xread(
                 {self.key(run_id): position}, count=100, block=max(1, int(timeout * 1000))
             )
         except redis.RedisError as exc:

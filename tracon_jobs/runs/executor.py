@@ -206,8 +206,9 @@ class RunExecutor:
                 error_message=parse_error or f"no tool named '{call.name}' is available",
             )
         else:
-            outcome = self._attempt(turn, spec, arguments, entry.execution_id,
-                                    entry.idempotency_key)
+            outcome = self._attempt(
+                turn, spec, arguments, entry.execution_id, entry.idempotency_key
+            )
         self.ledger.finish(turn.claim, entry, call.name, outcome)
         return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
 

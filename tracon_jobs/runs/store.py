@@ -134,7 +134,9 @@ class RunStore:
 
     def fail_unsent(self, run_id: str, error: RunError) -> bool:
         """Close a run whose message the broker refused, unless a worker has it already."""
-        return self._close(run_id, RunStatus.QUEUED, None, RunStatus.FAILED, error=error)
+        return (
+            self._close(run_id, RunStatus.QUEUED, None, RunStatus.FAILED, error=error) is not None
+        )
 
     def unclaimed(self, now: datetime, older_than: timedelta, limit: int) -> list[str]:
         """`Queued` runs nobody claimed: sent before the deadline, or never recorded as sent."""
@@ -250,8 +252,9 @@ class RunStore:
                     Run.status == RunStatus.RUNNING.value,
                 )
                 .values(messages=list(messages), turns_completed=turns)
-            ).rowcount
-            if changed != 1:
+                .returning(Run.id)
+            ).scalar_one_or_none()
+            if changed is None:
                 raise RunTakenAway(f"run {claim.run_id} was taken away")
 
     def finish(
@@ -324,7 +327,7 @@ class RunStore:
             rows = session.scalars(query).all()
         return [Event(r.run_id, r.seq, r.type, r.at, r.data) for r in rows]
 
-    def list(
+    def page(
         self, tenant_id: str, filters: RunFilter, *, limit: int, before: tuple[datetime, str] | None
     ) -> list[Run]:
         """Newest first; `before` is the (created_at, id) of the last row of the prior page."""

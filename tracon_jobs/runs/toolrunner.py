@@ -62,7 +62,8 @@ def _result(spec: ToolSpec, future: concurrent.futures.Future[Any]) -> Any:
     except (concurrent.futures.CancelledError, asyncio.CancelledError) as exc:
         raise ToolCancelledError(f"tool '{spec.name}' was cancelled") from exc
     except TypeError as exc:
-        raise ToolError(f"tool '{spec.name}' rejected its arguments: {exc}",
-                        code="INVALID_ARGUMENTS") from exc
+        raise ToolError(
+            f"tool '{spec.name}' rejected its arguments: {exc}", code="INVALID_ARGUMENTS"
+        ) from exc
     except Exception as exc:
         raise ToolError(f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,183 @@
+"""Crash and race tests with real processes: Celery workers, web (gunicorn), beat."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.conftest import scripted_agent
+from tests.e2e.cluster import Cluster, wait_for_log, wait_until
+from tracon_jobs.runs.dispatch import celery_sender
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runtime import Runtime
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def make_cluster(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> Iterator[Callable[..., Cluster]]:
+    clusters: list[Cluster] = []
+
+    def make(sql_url: str, **sections: Any) -> Cluster:
+        cluster = Cluster.create(tmp_path, sql_url, redis_url, **sections)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop_all()
+
+
+def status_of(runtime: Runtime, run_id: str) -> str:
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    return run.status
+
+
+def wait_status(runtime: Runtime, run_id: str, status: str, timeout: float = 30) -> None:
+    wait_until(
+        lambda: status_of(runtime, run_id) == status, timeout=timeout, what=f"run {run_id} {status}"
+    )
+
+
+def started_events(runtime: Runtime, run_id: str) -> list[dict[str, Any]]:
+    return [e.data for e in runtime.runs.events(run_id) if e.type == "RunStarted"]
+
+
+def test_duplicated_messages_across_two_workers_execute_each_run_once(
+    make_cluster: Callable[..., Cluster], make_runtime: Callable[..., Runtime], sqlite_url: str
+) -> None:
+    sections = scripted_agent([{"Text": "once", "DelaySeconds": 0.2}])
+    cluster = make_cluster(sqlite_url, **sections)
+    workers = [cluster.worker("w1", concurrency=4), cluster.worker("w2", concurrency=4)]
+    runtime = make_runtime(sqlite_url, **sections)
+    tenant = runtime.tenants.ensure_tenant("acme")
+    send = celery_sender(runtime.celery)
+
+    # When every run's message is delivered three times
+    run_ids = [runtime.runs.create(NewRun(tenant, "demo", {"message": "x"})).id for _ in range(8)]
+    for _ in range(3):
+        for run_id in run_ids:
+            send(run_id)
+
+    # Then every run completes exactly once, and the duplicates are dropped
+    for run_id in run_ids:
+        wait_status(runtime, run_id, "Completed")
+    for run_id in run_ids:
+        assert len(started_events(runtime, run_id)) == 1
+    logs = [w.text() for w in workers]
+    wait_until(
+        lambda: sum(w.text().count("'dropped'") for w in workers) == 16,
+        timeout=20,
+        what="16 dropped deliveries",
+    )
+    assert sum(log.count("'Completed'") for log in [w.text() for w in workers]) == 8
+    assert all("tracon.runs.execute" in log for log in logs), "both workers took deliveries"
+
+
+def test_killed_worker_prefetched_run_is_resent_and_completed_by_another(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+    redis_client: redis.Redis,
+) -> None:
+    sections = scripted_agent([{"Text": "slow", "DelaySeconds": 30}])
+    sections["Runs"] = {"RequeueAfter": 2}
+    cluster = make_cluster(sqlite_url, **sections)
+    doomed = cluster.worker("doomed", concurrency=1)
+    runtime = make_runtime(sqlite_url, **sections)
+    tenant = runtime.tenants.ensure_tenant("acme")
+
+    # Given a worker busy with one run and holding the next run's message prefetched
+    busy = runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "busy"})).id
+    wait_status(runtime, busy, "Running")
+    prefetched = runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "next"})).id
+    wait_until(
+        lambda: any(prefetched in v.decode() for v in redis_client.hvals("unacked")),
+        timeout=10,
+        what="the second message in the doomed worker's unacked set",
+    )
+
+    # When the worker is killed with SIGKILL and another worker and beat are up
+    doomed.kill9()
+    survivor_sections = scripted_agent([{"Text": "done"}])
+    survivor_sections["Runs"] = {"RequeueAfter": 2}
+    cluster.directory.joinpath("tracon.json").write_text(
+        json.dumps(
+            {
+                "Tracon": {
+                    **survivor_sections,
+                    "Database": {"Url": sqlite_url},
+                    "Redis": {"Url": runtime.settings.redis.url},
+                }
+            }
+        )
+    )
+    survivor = cluster.worker("survivor", concurrency=2)
+    cluster.start("beat", "beat")
+
+    # Then the prefetched run is re-sent and completed by the survivor
+    wait_status(runtime, prefetched, "Completed", timeout=40)
+    owner = started_events(runtime, prefetched)[-1]["owner"]
+    assert owner.split("/")[1] == str(survivor.popen.pid)
+    run = runtime.runs.get(prefetched)
+    assert run is not None and run.enqueue_count >= 2
+    # And the run the dead worker was executing stays Running (reconciliation is off)
+    assert status_of(runtime, busy) == "Running"
+
+
+def test_submit_over_http_to_real_web_and_worker_processes(
+    make_cluster: Callable[..., Cluster], make_runtime: Callable[..., Runtime], sql_url: str
+) -> None:
+    sections = scripted_agent(
+        [
+            {"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "Z-9"}}]},
+            {"Text": "Z-9 shipped."},
+        ],
+        ["lookup_order"],
+    )
+    cluster = make_cluster(sql_url, **sections)
+    cluster.worker("w1")
+    web, base = cluster.web()
+    runtime = make_runtime(sql_url, **sections)
+    key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
+    headers = {"Authorization": f"Bearer {key}"}
+
+    with httpx.stream(
+        "POST",
+        f"{base}/api/agents/demo/run",
+        headers=headers,
+        json={"message": "Where is Z-9?"},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        body = "".join(response.iter_text())
+    events = re.findall(r"^event: (\w+)$", body, flags=re.M)
+    assert events[0] == "RunQueued" and events[-1] == "RunCompleted"
+    assert "ToolCallCompleted" in events
+
+    accepted = httpx.post(
+        f"{base}/api/agents/demo/run",
+        json={"message": "again"},
+        headers={**headers, "Prefer": "respond-async"},
+        timeout=10,
+    )
+    assert accepted.status_code == 202
+    run_url = base + accepted.headers["Location"]
+    wait_until(
+        lambda: httpx.get(run_url, headers=headers).json()["status"] == "Completed",
+        timeout=30,
+        what="async run Completed",
+    )
+    run = httpx.get(run_url, headers=headers).json()
+    assert run["output"] == {"text": "Z-9 shipped."} and run["usage"]["totalTokens"] == 30
+    wait_for_log(web, "POST /api/agents/demo/run", timeout=5)
