@@ -113,7 +113,7 @@ def cmd_migrate(args: argparse.Namespace, rest: list[str]) -> int:
 def cmd_web(args: argparse.Namespace, rest: list[str]) -> int:
     from gunicorn.app.base import BaseApplication
 
-    load_settings()  # fail at startup, not in the first request
+    _runtime().close()  # fail at startup (settings, tool modules), not in the first request
 
     class WebApplication(BaseApplication):
         def load_config(self) -> None:

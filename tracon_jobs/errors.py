@@ -38,8 +38,8 @@ class ProviderError(TraconError):
     """A provider call failed.
 
     `status` is the HTTP status when the provider answered; `kind` is `"http"`,
-    `"connection"` or `"timeout"`, so that policies can classify the failure without
-    knowing the SDK that raised it.
+    `"connection"`, `"timeout"`, `"cancelled"`, `"configuration"`, `"unavailable"` or
+    `"content_blocked"`, so that policies classify a failure without knowing its SDK.
     """
 
     def __init__(
@@ -72,6 +72,13 @@ class ProviderUnavailableError(ProviderError):
     @property
     def provider_name(self) -> str:
         return self.provider
+
+
+class ContentBlockedError(ProviderError):
+    """The provider's content or safety filter refused the request or the answer."""
+
+    def __init__(self, message: str, *, provider: str) -> None:
+        super().__init__(message, provider=provider, kind="content_blocked")
 
 
 class ToolError(TraconError):

@@ -17,7 +17,7 @@ from tracon_jobs.agents.tools import ToolRegistry
 from tracon_jobs.agents.tools import registry as default_tools
 from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
 from tracon_jobs.db import Database
-from tracon_jobs.errors import ConfigurationError
+from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.settings import Settings
@@ -52,6 +52,7 @@ class Runtime:
         self.tools = tools or default_tools
         self.owner_id = settings.singleton_execution.resolved_owner_id()
         import_tool_modules(settings.tool_modules)
+        check_agent_tools(settings, self.tools)
 
     @cached_property
     def celery(self) -> Celery:
@@ -82,7 +83,20 @@ def import_tool_modules(modules: list[str]) -> None:
     for index, name in enumerate(modules):
         try:
             importlib.import_module(name)
+        except ToolRegistrationError as exc:
+            raise ConfigurationError(f"ToolModules[{index}]", f"'{name}': {exc}") from exc
         except ImportError as exc:
             raise ConfigurationError(
                 f"ToolModules[{index}]", f"cannot import '{name}': {exc}"
             ) from exc
+
+
+def check_agent_tools(settings: Settings, tools: ToolRegistry) -> None:
+    """Every tool an agent names must be registered: fail at startup, not at the first run."""
+    for agent_name, agent in settings.agents.items():
+        for index, tool_name in enumerate(agent.tools):
+            if tools.get(tool_name) is None:
+                raise ConfigurationError(
+                    f"Agents.{agent_name}.Tools[{index}]",
+                    f"no tool named '{tool_name}' is registered (check ToolModules)",
+                )

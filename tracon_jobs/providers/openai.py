@@ -24,7 +24,7 @@ from openai.types.chat.chat_completion_message_tool_call import (
 )
 from openai.types.completion_usage import CompletionUsage
 
-from tracon_jobs.errors import ProviderError
+from tracon_jobs.errors import ContentBlockedError, ProviderError
 from tracon_jobs.providers.base import ModelRequest, ModelResponse, ToolCall, Usage
 from tracon_jobs.providers.loop import get_loop, run_abortable
 from tracon_jobs.signal import AbortSignal
@@ -100,6 +100,10 @@ class OpenAIProvider:
                 kind="connection",
             )
         choice = completion.choices[0]
+        if choice.finish_reason == "content_filter":
+            raise ContentBlockedError(
+                f"Provider '{self.name}' blocked the answer (content filter)", provider=self.name
+            )
         return ModelResponse(
             model=completion.model or request.model,
             text=choice.message.content,
@@ -129,6 +133,12 @@ def completion_arguments(request: ModelRequest) -> dict[str, Any]:
 
 def map_openai_error(provider: str, exc: openai.OpenAIError) -> ProviderError:
     """Translate an SDK exception into the one family the policies classify."""
+    if isinstance(exc, openai.APIStatusError) and _is_content_filter(exc):
+        return ContentBlockedError(
+            f"HTTP {exc.status_code} from provider '{provider}': content filter: "
+            f"{_body_message(exc)}",
+            provider=provider,
+        )
     if isinstance(exc, openai.APIStatusError):
         return ProviderError(
             f"HTTP {exc.status_code} from provider '{provider}': {_body_message(exc)}",
@@ -147,6 +157,11 @@ def map_openai_error(provider: str, exc: openai.OpenAIError) -> ProviderError:
         provider=provider,
         kind="connection",
     )
+
+
+def _is_content_filter(exc: openai.APIStatusError) -> bool:
+    """Azure-style refusals: a 400 whose error code is `content_filter`."""
+    return exc.status_code == 400 and getattr(exc, "code", None) == "content_filter"
 
 
 def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.agents.tools import ToolContext, ToolSpec
 from tracon_jobs.db.models import Run
-from tracon_jobs.errors import ProviderError, RunCancelled, RunTakenAway, ToolError
+from tracon_jobs.errors import ConfigurationError, ProviderError, RunCancelled, RunTakenAway, ToolError
 from tracon_jobs.pricing import price
 from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, Provider, ToolCall
 from tracon_jobs.runs.ledger import Ledger, ToolOutcome
@@ -106,7 +106,7 @@ class RunExecutor:
             raise _config_failure(f"agent '{run.agent}' is not configured")
         try:
             provider = self.rt.providers.get(agent.model.provider)
-        except ProviderError as exc:
+        except (ProviderError, ConfigurationError) as exc:
             raise _config_failure(str(exc)) from exc
         return _Turn(claim, agent, provider, self._resolve_tools(agent), signal)
 
