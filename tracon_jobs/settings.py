@@ -229,6 +229,7 @@ class CircuitBreakerSettings(ConfigModel):
     break_duration: PositiveDuration = defaults.BREAK_DURATION
     half_open_max_probes: AtLeastOne = defaults.HALF_OPEN_MAX_PROBES
     on_store_unavailable: Literal["allow", "reject"] = defaults.ON_STORE_UNAVAILABLE
+    probe_lease: LeaseDuration = defaults.PROBE_LEASE
 
 
 class IdempotencySettings(ConfigModel):
@@ -363,6 +364,7 @@ class ModelConcurrencySettings(ConfigModel):
     max_concurrent_calls_per_provider: PositiveInt | None = (
         defaults.MAX_CONCURRENT_CALLS_PER_PROVIDER
     )
+    slot_lease: LeaseDuration = defaults.SLOT_LEASE
 
 
 class DrainSettings(ConfigModel):
@@ -495,6 +497,10 @@ class ModelBinding(ConfigModel):
         yield "Provider", self.provider
         for index, link in enumerate(self.fallbacks):
             yield f"Fallbacks[{index}].Provider", link.provider
+
+    def links(self) -> list[tuple[str, str]]:
+        """(provider, model) for the primary binding, then each fallback link in order."""
+        return [(self.provider, self.model)] + [(f.provider, f.model) for f in self.fallbacks]
 
 
 class AgentSettings(ConfigModel):

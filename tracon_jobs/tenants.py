@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import ApiKey, Tenant
@@ -48,7 +49,16 @@ class TenantStore:
             return session.scalars(query).first()
 
     def ensure_tenant(self, name: str) -> str:
-        return self.find_tenant(name) or self.create_tenant(name)
+        """The tenant's id, creating it once even when callers race."""
+        found = self.find_tenant(name)
+        if found is not None:
+            return found
+        try:
+            return self.create_tenant(name)
+        except IntegrityError:
+            raced = self.find_tenant(name)
+            assert raced is not None
+            return raced
 
     def issue_key(self, tenant_id: str, label: str = "") -> IssuedKey:
         key_id = secrets.token_hex(8)

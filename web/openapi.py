@@ -55,6 +55,44 @@ RUN_SCHEMA: dict[str, Any] = {
 }
 
 
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "description": "execute once; a repeat gets the stored 2xx with Idempotency-Replayed: true",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+}
+IDEMPOTENCY_RESPONSES: dict[str, Any] = {
+    "409": {
+        "description": "the same Idempotency-Key is still in progress, or the run was canceled"
+    },
+    "422": {"description": "the Idempotency-Key was used with another method, path or body"},
+    "501": {"description": "Idempotency-Key sent while Tracon:Idempotency is disabled"},
+}
+OPENAI_ERROR = {"description": 'OpenAI error shape: {"error": {"message", "type", "code"}}'}
+
+
+def _openai_op(summary: str) -> dict[str, Any]:
+    responses = {
+        "200": {"description": "the OpenAI object, or text/event-stream with stream: true"},
+        "202": {"description": "the run is still going (Runs.BufferedWaitTimeout); Location"},
+        **{status: OPENAI_ERROR for status in ("400", "401", "404", "429", "502", "503")},
+        **IDEMPOTENCY_RESPONSES,
+    }
+    body = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+    return {
+        "summary": summary,
+        "parameters": [IDEMPOTENCY_KEY],
+        "requestBody": body,
+        "responses": responses,
+    }
+
+
+OPENAI_PATHS: dict[str, Any] = {
+    "/v1/chat/completions": {"post": _openai_op("OpenAI-compatible chat completions")},
+    "/v1/responses": {"post": _openai_op("OpenAI-compatible responses")},
+}
+
+
 def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -69,6 +107,7 @@ def document() -> dict[str, Any]:
                         "202": _json("Accepted", "Queued; Location names the run"),
                         "400": PROBLEM,
                         "503": PROBLEM,
+                        **IDEMPOTENCY_RESPONSES,
                     },
                     parameters=[
                         {
@@ -78,6 +117,7 @@ def document() -> dict[str, Any]:
                             "schema": {"type": "string"},
                         },
                         {"name": "Prefer", "in": "header", "schema": {"type": "string"}},
+                        IDEMPOTENCY_KEY,
                     ],
                     requestBody={
                         "required": True,
@@ -116,6 +156,7 @@ def document() -> dict[str, Any]:
                     parameters=[RUN_ID],
                 )
             },
+            **OPENAI_PATHS,
             "/healthz": {
                 "get": {
                     "summary": "Liveness",

@@ -15,7 +15,9 @@ from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.store import NewRun, RunFilter
 from tracon_jobs.runs.views import run_json
 from web.auth import require_tenant, tenant_id
+from web.buffered import buffered_run_response
 from web.extensions import runtime
+from web.idempotency import has_key, idempotent, remember_run
 from web.problems import Problem, bad_request, not_found
 from web.sse import sse_frames, sse_response, tail
 
@@ -53,6 +55,7 @@ def prefers_async() -> bool:
 
 
 @bp.post("/agents/<name>/run")
+@idempotent()
 def run_agent(name: str) -> Response | tuple[Response, int, dict[str, str]]:
     rt = runtime()
     if name not in rt.settings.agents:
@@ -68,10 +71,13 @@ def run_agent(name: str) -> Response | tuple[Response, int, dict[str, str]]:
             currency=rt.settings.pricing.currency,
         )
     )
+    remember_run(run.id)
     location = f"/api/runs/{run.id}"
     if prefers_async():
         headers = {"Location": location, "Preference-Applied": "respond-async"}
         return jsonify({"runId": run.id, "status": run.status}), 202, headers
+    if has_key():
+        return buffered_run_response(run.id)
     keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
     events = tail(rt.runs, rt.feed, run.id, 0, keepalive)
     return sse_response(sse_frames(events), Location=location)

@@ -76,10 +76,10 @@ class Cluster:
         wait_for_log(process, "ready.", timeout=30)
         return process
 
-    def web(self) -> tuple[Process, str]:
+    def web(self, workers: int = 1, name: str = "web") -> tuple[Process, str]:
         port = free_port()
         process = self.start(
-            "web", "web", "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "8"
+            name, "web", "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", "8"
         )
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: _answers(base + "/healthz"), timeout=30, what="web /healthz")

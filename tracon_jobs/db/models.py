@@ -13,9 +13,11 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     Numeric,
     String,
     Text,
@@ -86,6 +88,8 @@ class Run(Base):
     error_type: Mapped[str | None] = mapped_column(String(60))
     error_class: Mapped[str | None] = mapped_column(String(60))
     error_message: Mapped[str | None] = mapped_column(Text)
+    error_retry_after: Mapped[float | None] = mapped_column(Float)
+    model_attempts: Mapped[list[Any] | None]  # one entry per fallback link tried
     owner: Mapped[str | None] = mapped_column(String(200))
     fence: Mapped[int] = mapped_column(Integer, default=0)
     event_seq: Mapped[int] = mapped_column(Integer, default=0)  # last event seq handed out
@@ -135,3 +139,32 @@ class ToolCallRecord(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     started_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
+
+
+class IdempotencyRecord(Base):
+    """One `Idempotency-Key` of one tenant: reserved (`InProgress`), then the stored 2xx.
+
+    The unique (tenant_id, key) makes the reservation one atomic insert across processes.
+    """
+
+    __tablename__ = "idempotency_records"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "key", name="uq_idempotency_records_tenant_key"),
+        Index("ix_idempotency_records_state_created", "state", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    key: Mapped[str] = mapped_column(Text)
+    method: Mapped[str] = mapped_column(String(10))
+    path: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(64))  # sha256 of method, path, raw body
+    state: Mapped[str] = mapped_column(String(20))  # InProgress | Completed
+    run_id: Mapped[str | None] = mapped_column(ID)
+    response_status: Mapped[int | None] = mapped_column(Integer)
+    response_body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    content_type: Mapped[str | None] = mapped_column(String(200))
+    location: Mapped[str | None] = mapped_column(Text)
+    preference_applied: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+    completed_at: Mapped[datetime | None]

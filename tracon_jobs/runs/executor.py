@@ -1,26 +1,42 @@
 """The tool-call loop that executes one claimed run, as a set of small named steps.
 
-    claim -> resolve agent, provider, tools -> [check live -> model call -> record spend
-          -> (tool calls: ledger started -> attempt -> ledger outcome) -> save turn]*
+    claim -> resolve agent and tools
+          -> for each fallback link: circuit admits the link's loop (once)
+               -> [check live -> slot -> model call -> record spend
+                   -> (tool calls: ledger answer | ledger started -> attempt -> outcome)
+                   -> save turn]*
+             a transient failure restarts the turn from scratch on the next link
           -> one fenced final write
 
 Every write goes through the claim's fence; `RunTakenAway` from any of them stops the
-executor before its next model or tool call, and a zombie never writes a result.
+executor before its next model or tool call, and a zombie never writes a result. The
+circuit breaker sits outside each link's whole loop (checked once when it starts, one
+success at the first good response, one failure when a counted failure ends it); the
+ledger answers an exact repeat of a completed tool call only on a fallback link.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.agents.tools import ToolContext, ToolSpec
 from tracon_jobs.db.models import Run
-from tracon_jobs.errors import ConfigurationError, ProviderError, RunCancelled, RunTakenAway, ToolError
+from tracon_jobs.errors import (
+    ConfigurationError,
+    ProviderError,
+    RunCancelled,
+    RunTakenAway,
+    ToolError,
+)
 from tracon_jobs.pricing import price
 from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, Provider, ToolCall
-from tracon_jobs.runs.ledger import Ledger, ToolOutcome
+from tracon_jobs.resilience.breaker import Admission, Ticket, Transition
+from tracon_jobs.resilience.classify import classify
+from tracon_jobs.runs.ledger import Ledger, ToolOutcome, arguments_hash
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.store import TurnSpend
 from tracon_jobs.runs.toolrunner import run_attempt
@@ -41,13 +57,38 @@ class RunFailure(Exception):
         self.error = error
 
 
-@dataclass
-class _Turn:
-    claim: Claim
-    agent: AgentSettings
+@dataclass(frozen=True)
+class Link:
+    position: int
+    provider_name: str
+    model: str
     provider: Provider
+
+    def label(self) -> dict[str, str]:
+        return {"provider": self.provider_name, "model": self.model}
+
+
+class LinkFailed(Exception):
+    """A provider failure ended one link's loop."""
+
+    def __init__(self, error: ProviderError, transient: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.transient = transient
+
+
+@dataclass
+class Execution:
+    """What one execution of a claimed run carries from step to step."""
+
+    claim: Claim
+    run: Run
+    agent: AgentSettings
     tools: dict[str, ToolSpec]
     signal: AbortSignal
+    first_call: int  # ledger numbering continues after earlier executions of this row
+    next_call: int = 0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
 
 class RunExecutor:
@@ -71,44 +112,47 @@ class RunExecutor:
             return "taken_away"
 
     def _run_to_end(self, claim: Claim, run: Run, signal: AbortSignal) -> RunStatus:
+        execution: Execution | None = None
         try:
-            output = self._tool_loop(self._prepare(claim, run, signal), run)
+            execution = self._prepare(claim, run, signal)
+            output = self._tool_loop(execution)
         except RunFailure as failure:
-            return self._finish(claim, RunStatus.FAILED, error=failure.error)
+            return self._finish(claim, RunStatus.FAILED, execution, error=failure.error)
         except RunCancelled as cancelled:
             error = RunError("canceled", ErrorClass.CANCELLATION, str(cancelled) or "canceled")
-            return self._finish(claim, RunStatus.CANCELED, error=error)
+            return self._finish(claim, RunStatus.CANCELED, execution, error=error)
         except (RunTakenAway, KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:  # a bug must close the run, not strand it
             log.exception("run %s failed unexpectedly", claim.run_id)
             error = RunError("internal_error", ErrorClass.INTERNAL, f"{type(exc).__name__}: {exc}")
-            return self._finish(claim, RunStatus.FAILED, error=error)
-        return self._finish(claim, RunStatus.COMPLETED, output=output)
+            return self._finish(claim, RunStatus.FAILED, execution, error=error)
+        return self._finish(claim, RunStatus.COMPLETED, execution, output=output)
 
     def _finish(
         self,
         claim: Claim,
         status: RunStatus,
+        execution: Execution | None,
         *,
         output: dict[str, Any] | None = None,
         error: RunError | None = None,
     ) -> RunStatus:
-        if self.rt.runs.finish(claim, status, output=output, error=error) is None:
+        attempts = execution.attempts if execution and execution.attempts else None
+        closed = self.rt.runs.finish(claim, status, output=output, error=error, attempts=attempts)
+        if closed is None:
             raise RunTakenAway(claim.run_id)
         return status
 
     # -- preparation -------------------------------------------------------------------
 
-    def _prepare(self, claim: Claim, run: Run, signal: AbortSignal) -> _Turn:
+    def _prepare(self, claim: Claim, run: Run, signal: AbortSignal) -> Execution:
         agent = self.rt.settings.agents.get(run.agent)
         if agent is None:
             raise _config_failure(f"agent '{run.agent}' is not configured")
-        try:
-            provider = self.rt.providers.get(agent.model.provider)
-        except (ProviderError, ConfigurationError) as exc:
-            raise _config_failure(str(exc)) from exc
-        return _Turn(claim, agent, provider, self._resolve_tools(agent), signal)
+        tools = self._resolve_tools(agent)
+        first_call = self.ledger.next_turn(run.id)
+        return Execution(claim, run, agent, tools, signal, first_call, first_call)
 
     def _resolve_tools(self, agent: AgentSettings) -> dict[str, ToolSpec]:
         tools: dict[str, ToolSpec] = {}
@@ -119,22 +163,109 @@ class RunExecutor:
             tools[name] = spec
         return tools
 
-    # -- the loop ----------------------------------------------------------------------
+    def _link(self, position: int, provider_name: str, model: str) -> Link:
+        try:
+            provider = self.rt.providers.get(provider_name)
+        except (ProviderError, ConfigurationError) as exc:
+            raise _config_failure(str(exc)) from exc
+        return Link(position, provider_name, model, provider)
 
-    def _tool_loop(self, turn: _Turn, run: Run) -> dict[str, Any]:
-        messages: list[Message] = list(run.messages or initial_messages(turn.agent, run))
-        index = run.turns_completed
+    # -- the fallback chain ------------------------------------------------------------
+
+    def _tool_loop(self, ex: Execution) -> dict[str, Any]:
+        failures: list[tuple[Link, ProviderError]] = []
+        links = ex.agent.model.links()
+        for position, (provider_name, model) in enumerate(links):
+            link = self._link(position, provider_name, model)
+            if failures:
+                self._announce_fallback(ex, failures[0][0], link, failures[-1][1])
+            try:
+                return self._link_loop(ex, link)
+            except LinkFailed as failed:
+                failures.append((link, failed.error))
+                if not failed.transient:
+                    break
+        raise RunFailure(chain_error(failures))
+
+    def _announce_fallback(
+        self, ex: Execution, primary: Link, fallback: Link, reason: ProviderError
+    ) -> None:
+        data = {"primary": primary.label(), "fallback": fallback.label(), "reason": str(reason)}
+        log.warning(
+            "run %s falls back from %s to %s: %s",
+            ex.claim.run_id,
+            primary.provider_name,
+            fallback.provider_name,
+            reason,
+        )
+        self.rt.runs.append(ex.claim, "ModelFallbackUsed", data)
+
+    def _link_loop(self, ex: Execution, link: Link) -> dict[str, Any]:
+        """One link's whole tool-call loop, under one circuit admission."""
+        started = time.monotonic()
+        try:
+            ticket = self.rt.breaker.admit(link.provider_name)
+        except ProviderError as exc:  # the circuit is open: the provider is never called
+            self._attempt_log(ex, link, started, exc, rejected=True)
+            raise LinkFailed(exc, transient=True) from exc
+        self._report_circuit(ex, link.provider_name, ticket.change)
+        try:
+            output = self._conversation(ex, link, ticket)
+        except LinkFailed as failed:
+            self._attempt_log(ex, link, started, failed.error)
+            raise
+        finally:
+            self.rt.breaker.release(ticket)
+        self._attempt_log(ex, link, started, None)
+        return output
+
+    def _attempt_log(
+        self,
+        ex: Execution,
+        link: Link,
+        started: float,
+        error: ProviderError | None,
+        *,
+        rejected: bool = False,
+    ) -> None:
+        outcome = "rejected" if rejected else ("failed" if error else "succeeded")
+        entry: dict[str, Any] = {
+            **link.label(),
+            "outcome": outcome,
+            "durationMs": round((time.monotonic() - started) * 1000),
+        }
+        if error is not None:
+            entry.update(status=error.status, kind=error.kind, message=str(error))
+        ex.attempts.append(entry)
+
+    def _report_circuit(
+        self, ex: Execution, provider: str, change: Transition | Admission | None
+    ) -> None:
+        if change is None:
+            return
+        data: dict[str, Any] = {"provider": provider, "from": change.before, "to": change.after}
+        if isinstance(change, Transition) and change.after == "open":
+            data["failures"] = change.failures
+        self.rt.runs.append(ex.claim, "CircuitStateChanged", data)
+
+    # -- one link's conversation -------------------------------------------------------
+
+    def _conversation(self, ex: Execution, link: Link, ticket: Ticket) -> dict[str, Any]:
+        messages: list[Message] = list(ex.run.messages or initial_messages(ex.agent, ex.run))
+        index = ex.run.turns_completed
         while index < self.rt.settings.runs.max_turns:
-            self._check_live(turn)
-            response = self._model_call(turn, messages, index)
+            self._check_live(ex)
+            response = self._model_call(ex, link, ticket, messages, index)
             if not response.tool_calls:
                 return {"text": response.text or ""}
             messages.append(response.as_message())
+            call_no = ex.next_call
+            ex.next_call += 1
             for call in response.tool_calls:
-                self._check_live(turn)
-                messages.append(self._tool_call(turn, index, call))
+                self._check_live(ex)
+                messages.append(self._tool_call(ex, link, call_no, call))
             index += 1
-            self.rt.runs.save_turn(turn.claim, messages, index)
+            self.rt.runs.save_turn(ex.claim, messages, index)
         raise RunFailure(
             RunError(
                 "max_turns_exceeded",
@@ -144,33 +275,53 @@ class RunExecutor:
             )
         )
 
-    def _check_live(self, turn: _Turn) -> None:
-        if turn.signal.aborted:
-            raise RunCancelled(turn.signal.reason)
+    def _check_live(self, ex: Execution) -> None:
+        if ex.signal.aborted:
+            raise RunCancelled(ex.signal.reason)
 
-    def _model_call(self, turn: _Turn, messages: list[Message], index: int) -> ModelResponse:
-        binding = turn.agent.model
+    def _model_call(
+        self, ex: Execution, link: Link, ticket: Ticket, messages: list[Message], index: int
+    ) -> ModelResponse:
+        binding = ex.agent.model
         request = ModelRequest(
-            model=binding.model,
+            model=link.model,
             messages=messages,
-            tools=[spec.openai_schema() for spec in turn.tools.values()],
+            tools=[spec.openai_schema() for spec in ex.tools.values()],
             temperature=binding.temperature,
             top_p=binding.top_p,
             max_output_tokens=binding.max_output_tokens,
             response_format=binding.response_format,
         )
-        started = {"turn": index, "provider": binding.provider, "model": binding.model}
-        self.rt.runs.append(turn.claim, "ModelCallStarted", started)
+        self.rt.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
         try:
-            response = turn.provider.complete(request, turn.signal)
+            with self.rt.slots.hold(link.provider_name, ex.signal):
+                response = link.provider.complete(request, ex.signal)
         except ProviderError as exc:
-            if exc.kind == "cancelled" and turn.signal.aborted:
-                raise RunCancelled(turn.signal.reason) from exc
-            raise RunFailure(provider_error(exc)) from exc
-        self._record_spend(turn, response, index)
+            raise self._model_call_failed(ex, link, ticket, exc) from exc
+        self._report_circuit(ex, link.provider_name, self.rt.breaker.success(ticket))
+        self._record_spend(ex, link, response, index)
         return response
 
-    def _record_spend(self, turn: _Turn, response: ModelResponse, index: int) -> None:
+    def _model_call_failed(
+        self, ex: Execution, link: Link, ticket: Ticket, exc: ProviderError
+    ) -> Exception:
+        if exc.kind == "cancelled" and ex.signal.aborted:
+            return RunCancelled(ex.signal.reason)
+        verdict = classify(exc)
+        data = {
+            **link.label(),
+            "status": exc.status,
+            "kind": exc.kind,
+            "message": str(exc),
+            "counted": verdict.counts,
+        }
+        self.rt.runs.append(ex.claim, "ModelCallFailed", data)
+        if verdict.counts:
+            change = self.rt.breaker.failure(ticket, exc.retry_after)
+            self._report_circuit(ex, link.provider_name, change)
+        return LinkFailed(exc, verdict.transient)
+
+    def _record_spend(self, ex: Execution, link: Link, response: ModelResponse, index: int) -> None:
         amount, source = price(self.rt.settings.pricing, response.model, response.usage)
         spend = TurnSpend(
             model_id=response.model,
@@ -181,7 +332,7 @@ class RunExecutor:
         )
         data = {
             "turn": index,
-            "provider": turn.agent.model.provider,
+            "provider": link.provider_name,
             "model": response.model,
             "finishReason": response.finish_reason,
             "toolCalls": len(response.tool_calls),
@@ -191,14 +342,47 @@ class RunExecutor:
             },
             "cost": {"amount": float(amount), "source": source},
         }
-        self.rt.runs.record_spend(turn.claim, spend, data)
+        self.rt.runs.record_spend(ex.claim, spend, data)
 
     # -- tool calls --------------------------------------------------------------------
 
-    def _tool_call(self, turn: _Turn, index: int, call: ToolCall) -> Message:
+    def _tool_call(self, ex: Execution, link: Link, call_no: int, call: ToolCall) -> Message:
         arguments, parse_error = parse_arguments(call.arguments)
-        entry = self.ledger.start(turn.claim, index, call.id, call.name, arguments)
-        spec = turn.tools.get(call.name)
+        spec = ex.tools.get(call.name)
+        outcome = None
+        if link.position > 0 and parse_error is None and spec is not None:
+            outcome = self._answer_from_ledger(ex, call, arguments)
+        if outcome is None:
+            outcome = self._execute_tool(ex, call_no, call, spec, arguments, parse_error)
+        return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
+
+    def _answer_from_ledger(
+        self, ex: Execution, call: ToolCall, arguments: dict[str, Any]
+    ) -> ToolOutcome | None:
+        """On a fallback link, an exact repeat of a completed call of this turn is not rerun."""
+        found = self.ledger.completed(
+            ex.claim.run_id, call.name, arguments_hash(arguments), since_turn=ex.first_call
+        )
+        if found is None:
+            return None
+        execution_id, outcome = found
+        self.rt.runs.append(
+            ex.claim,
+            "ToolCallAnsweredFromLedger",
+            {"tool": call.name, "callId": call.id, "executionId": execution_id},
+        )
+        return outcome
+
+    def _execute_tool(
+        self,
+        ex: Execution,
+        call_no: int,
+        call: ToolCall,
+        spec: ToolSpec | None,
+        arguments: dict[str, Any],
+        parse_error: str | None,
+    ) -> ToolOutcome:
+        entry = self.ledger.start(ex.claim, call_no, call.id, call.name, arguments)
         if parse_error is not None or spec is None:
             outcome = ToolOutcome(
                 ok=False,
@@ -206,22 +390,25 @@ class RunExecutor:
                 error_message=parse_error or f"no tool named '{call.name}' is available",
             )
         else:
-            outcome = self._attempt(
-                turn, spec, arguments, entry.execution_id, entry.idempotency_key
-            )
-        self.ledger.finish(turn.claim, entry, call.name, outcome)
-        return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
+            outcome = self._attempt(ex, spec, arguments, entry.execution_id, entry.idempotency_key)
+        self.ledger.finish(ex.claim, entry, call.name, outcome)
+        return outcome
 
     def _attempt(
-        self, turn: _Turn, spec: ToolSpec, arguments: dict[str, Any], execution_id: str, key: str
+        self,
+        ex: Execution,
+        spec: ToolSpec,
+        arguments: dict[str, Any],
+        execution_id: str,
+        key: str,
     ) -> ToolOutcome:
         context = ToolContext(
-            run_id=turn.claim.run_id,
+            run_id=ex.claim.run_id,
             tool_name=spec.name,
             execution_id=execution_id,
             idempotency_key=key,
             attempt=1,
-            signal=turn.signal.child(timeout=spec.timeout_ms / 1000),
+            signal=ex.signal.child(timeout=spec.timeout_ms / 1000),
         )
         try:
             result = run_attempt(spec, arguments, context)
@@ -239,6 +426,9 @@ def initial_messages(agent: AgentSettings, run: Run) -> list[Message]:
         system = f"{system}\n\nParameters: {json.dumps(run.parameters, sort_keys=True)}".strip()
     if system:
         messages.append({"role": "system", "content": system})
+    history = run.input.get("messages")  # a whole conversation (the /v1 routes)
+    if isinstance(history, list) and history:
+        return messages + history
     messages.append({"role": "user", "content": str(run.input.get("message", ""))})
     return messages
 
@@ -253,12 +443,25 @@ def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
     return value, None
 
 
-def provider_error(exc: ProviderError) -> RunError:
-    if exc.kind == "configuration":
-        return RunError("configuration_error", ErrorClass.CONFIGURATION, str(exc))
-    if exc.kind == "unavailable":
-        return RunError("provider_unavailable", ErrorClass.PROVIDER, str(exc))
-    return RunError("provider_error", ErrorClass.PROVIDER, str(exc))
+_ERROR_TYPES = {
+    "configuration": ("configuration_error", ErrorClass.CONFIGURATION),
+    "unavailable": ("provider_unavailable", ErrorClass.PROVIDER),
+    "content_blocked": ("content_blocked", ErrorClass.PROVIDER),
+}
+
+
+def provider_error(exc: ProviderError, message: str | None = None) -> RunError:
+    type_, error_class = _ERROR_TYPES.get(exc.kind, ("provider_error", ErrorClass.PROVIDER))
+    return RunError(type_, error_class, message or str(exc), retry_after=exc.retry_after)
+
+
+def chain_error(failures: list[tuple[Link, ProviderError]]) -> RunError:
+    """The first failure, its message naming every provider the chain tried."""
+    first = failures[0][1]
+    if len(failures) == 1:
+        return provider_error(first)
+    tried = ", ".join(f"{link.provider_name} ({link.model})" for link, _error in failures)
+    return provider_error(first, f"{first} (providers tried: {tried})")
 
 
 def _config_failure(message: str) -> RunFailure:

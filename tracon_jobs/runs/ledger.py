@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
 from tracon_jobs.db.models import ToolCallRecord
 from tracon_jobs.runs.lifecycle import Claim
@@ -104,3 +104,33 @@ class Ledger:
                 )
             )
         self.store.publish(event)
+
+    def next_turn(self, run_id: str) -> int:
+        """The first ledger turn number free for a new execution of this run."""
+        query = select(func.max(ToolCallRecord.turn)).where(ToolCallRecord.run_id == run_id)
+        with self.store.db.read() as session:
+            last = session.execute(query).scalar_one_or_none()
+        return 0 if last is None else last + 1
+
+    def completed(
+        self, run_id: str, tool: str, args_hash: str, *, since_turn: int
+    ) -> tuple[str, ToolOutcome] | None:
+        """The latest succeeded execution of exactly this call (tool, canonical arguments)."""
+        query = (
+            select(ToolCallRecord)
+            .where(
+                ToolCallRecord.run_id == run_id,
+                ToolCallRecord.tool == tool,
+                ToolCallRecord.args_hash == args_hash,
+                ToolCallRecord.status == "succeeded",
+                ToolCallRecord.turn >= since_turn,
+            )
+            .order_by(ToolCallRecord.id.desc())
+            .limit(1)
+        )
+        with self.store.db.read() as session:
+            row = session.scalars(query).first()
+        if row is None:
+            return None
+        result = (row.result or {}).get("value")
+        return row.execution_id, ToolOutcome(ok=True, result=result, attempts=row.attempt)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class RunStatus(StrEnum):
@@ -53,9 +54,17 @@ class RunError:
     type: str
     error_class: ErrorClass
     message: str
+    retry_after: float | None = None  # seconds, when the provider or a circuit said so
 
-    def as_json(self) -> dict[str, str]:
-        return {"type": self.type, "class": self.error_class.value, "message": self.message}
+    def as_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": self.type,
+            "class": self.error_class.value,
+            "message": self.message,
+        }
+        if self.retry_after is not None:
+            body["retryAfter"] = self.retry_after
+        return body
 
 
 @dataclass(frozen=True)

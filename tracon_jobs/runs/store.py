@@ -264,9 +264,10 @@ class RunStore:
         *,
         output: dict[str, Any] | None = None,
         error: RunError | None = None,
+        attempts: list[dict[str, Any]] | None = None,
     ) -> Event | None:
         """The one fenced final write; None when the run was taken away meanwhile."""
-        return self._close(claim.run_id, RunStatus.RUNNING, claim, status, output, error)
+        return self._close(claim.run_id, RunStatus.RUNNING, claim, status, output, error, attempts)
 
     def _close(
         self,
@@ -276,6 +277,7 @@ class RunStore:
         status: RunStatus,
         output: dict[str, Any] | None = None,
         error: RunError | None = None,
+        attempts: list[dict[str, Any]] | None = None,
     ) -> Event | None:
         now = self.db.now()
         guard = [Run.id == run_id, Run.status == expected.value]
@@ -292,6 +294,8 @@ class RunStore:
                     error_type=error.type if error else None,
                     error_class=error.error_class.value if error else None,
                     error_message=error.message if error else None,
+                    error_retry_after=error.retry_after if error else None,
+                    model_attempts=attempts,
                     event_seq=Run.event_seq + 1,
                 )
                 .returning(Run.event_seq)

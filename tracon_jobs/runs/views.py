@@ -9,9 +9,11 @@ from tracon_jobs.runs.store import iso
 
 
 def run_json(run: Run, tenant_name: str | None = None) -> dict[str, Any]:
-    error = None
+    error: dict[str, Any] | None = None
     if run.error_type:
         error = {"type": run.error_type, "class": run.error_class, "message": run.error_message}
+        if run.error_retry_after is not None:
+            error["retryAfter"] = run.error_retry_after
     return {
         "id": run.id,
         "tenant": tenant_name or run.tenant_id,
@@ -38,6 +40,7 @@ def run_json(run: Run, tenant_name: str | None = None) -> dict[str, Any]:
             "source": run.cost_source,
         },
         "error": error,
+        "attempts": run.model_attempts or [],
         "createdAt": iso(run.created_at),
         "startedAt": iso(run.started_at),
         "endedAt": iso(run.ended_at),

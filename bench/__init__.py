@@ -1,0 +1,1 @@
+"""Benchmarks that start the real processes (web, worker, Redis, SQL) and time them."""

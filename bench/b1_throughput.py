@@ -1,0 +1,449 @@
+"""B1: end-to-end agent runs per second through tracon, beside plain Celery no-ops per second.
+
+Both are timed in one invocation on the same Redis, one worker process each with the same
+pool, concurrency and prefetch, so `ratio = tracon / celery` says how much of the broker's
+throughput survives tracon's own work per run (HTTP, SQL rows and events, fences, feed).
+See bench/README.md for how to read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import sqlalchemy as sa
+
+from bench.processes import Children, run_checked, wait_until
+from tracon_jobs.db.engine import normalize_url
+from tracon_jobs.db.models import Run
+from tracon_jobs.embedded_redis import answers, free_port, start_embedded
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = (sys.executable, "-m", "tracon_jobs.cli")
+DEFAULT_REDIS = "redis://127.0.0.1:6379/14"
+AGENT = "bench"
+RUN_PATH = f"/api/agents/{AGENT}/run"
+ASYNC = {"Prefer": "respond-async"}
+GOAL_RATIO = 0.6
+WARMUP = 20
+STARTUP_TIMEOUT = 60.0
+RUN_POLL_SECONDS = 0.02
+NOOP_POLL_SECONDS = 0.005
+ID_CHUNK = 500
+TERMINAL = ("Completed", "Failed", "Canceled")
+KEY_LINE = re.compile(r"api key \(shown once\): (\S+)")
+
+
+@dataclass(frozen=True)
+class Options:
+    runs: int
+    concurrency: int
+    worker_concurrency: int
+    database: str | None
+    redis: str | None
+    timeout: float
+    keep: bool
+
+
+@dataclass(frozen=True)
+class Measurement:
+    label: str
+    count: int
+    seconds: float
+    done: int
+    problem: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return self.done == self.count
+
+    @property
+    def per_second(self) -> float:
+        return self.done / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Submitted:
+    ids: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+
+    def extend(self, other: Submitted) -> None:
+        self.ids += other.ids
+        self.latencies += other.latencies
+
+
+# -- options -------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(prog="python -m bench.b1_throughput", description=__doc__)
+    parser.add_argument("--runs", type=int, default=500, help="runs and no-op tasks timed")
+    parser.add_argument("--concurrency", type=int, default=16, help="submitting client threads")
+    parser.add_argument("--worker-concurrency", type=int, default=16, help="worker threads")
+    parser.add_argument("--database", help="SQL URL (default: a fresh SQLite file)")
+    parser.add_argument("--redis", help=f"Redis URL, flushed (default {DEFAULT_REDIS})")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir and its logs")
+    args = parser.parse_args(argv)
+    if min(args.runs, args.concurrency, args.worker_concurrency) < 1:
+        parser.error("--runs, --concurrency and --worker-concurrency must be at least 1")
+    return Options(**vars(args))
+
+
+# -- the whole benchmark -------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="tracon-b1-"))
+    try:
+        with ExitStack() as cleanup:
+            children = Children(workdir, ROOT)
+            cleanup.callback(children.stop_all)
+            return benchmark(options, workdir, children, cleanup)
+    except KeyboardInterrupt:
+        print("b1: interrupted; every child process was stopped", file=sys.stderr)
+        return 130
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"b1: {exc}\n(logs in {workdir})", file=sys.stderr)
+        return 1
+    finally:
+        if options.keep:
+            print(f"work dir and logs kept in {workdir}")
+        else:
+            _remove_tree(workdir)
+
+
+def benchmark(options: Options, workdir: Path, children: Children, cleanup: ExitStack) -> int:
+    redis_url = choose_redis(options.redis, workdir, cleanup)
+    database = options.database or f"sqlite:///{workdir / 'tracon.db'}"
+    redis.Redis.from_url(redis_url).flushdb()
+    env = tracon_env(write_config(workdir, options.worker_concurrency), database, redis_url)
+    tracon, submitted = measure_tracon(options, env, database, children)
+    children.stop_all()  # the baseline gets the machine to itself, as tracon had
+    baseline = measure_celery(options, redis_url, children)
+    children.stop_all()
+    print_report(options, redis_url, database, tracon, baseline, submitted.latencies)
+    return 0 if tracon.complete and baseline.complete else 1
+
+
+def choose_redis(wanted: str | None, workdir: Path, cleanup: ExitStack) -> str:
+    if wanted:
+        if not answers(wanted):
+            raise RuntimeError(f"no Redis answers at {wanted}")
+        return wanted
+    if answers(DEFAULT_REDIS):
+        return DEFAULT_REDIS
+    embedded = start_embedded(workdir / "redis")
+    cleanup.callback(embedded.stop)
+    return embedded.url
+
+
+def write_config(workdir: Path, worker_concurrency: int) -> Path:
+    """One agent on a scripted provider that answers "ok" at once: no model time at all."""
+    config = {
+        "Providers": {"scripted": {"Kind": "scripted", "Script": [{"Text": "ok"}]}},
+        "Agents": {
+            AGENT: {
+                "Instructions": "benchmark agent",
+                "Model": {"Provider": "scripted", "Model": "bench-model"},
+                "Tools": [],
+            }
+        },
+        "Pricing": {"Models": {"bench-model": {"InputPerMillion": 1, "OutputPerMillion": 2}}},
+        "Worker": {"Concurrency": worker_concurrency},
+    }
+    path = workdir / "tracon.json"
+    path.write_text(json.dumps({"Tracon": config}, indent=2))
+    return path
+
+
+def tracon_env(config: Path, database: str, redis_url: str) -> dict[str, str]:
+    return child_env(
+        TRACON_CONFIG=str(config), TRACON_DATABASE_URL=database, TRACON_REDIS_URL=redis_url
+    )
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Ours plus `extra`, with the project root importable (`bench` is not installed)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+# -- measure A: tracon ---------------------------------------------------------------------
+
+
+def measure_tracon(
+    options: Options, env: dict[str, str], database: str, children: Children
+) -> tuple[Measurement, Submitted]:
+    api_key = issue_api_key(env)
+    base_url = start_tracon(env, children)
+    counter = RunCounter(database)
+    clients = [api_client(base_url, api_key) for _ in range(options.concurrency)]
+    try:
+        warm_up_tracon(clients, counter, children)
+        started = time.perf_counter()
+        submitted = submit_runs(clients, options.runs)
+        statuses = await_runs(counter, submitted.ids, options.timeout, children)
+        seconds = time.perf_counter() - started
+    finally:
+        for client in clients:
+            client.close()
+        counter.close()
+    done = statuses["Completed"]
+    problem = "" if done == options.runs else f"not all Completed: {_shown(statuses)}"
+    return Measurement("tracon runs (HTTP)", options.runs, seconds, done, problem), submitted
+
+
+def issue_api_key(env: dict[str, str]) -> str:
+    """Migrate, then a key for tenant `bench` (a reused PostgreSQL database may have it)."""
+    run_checked([*CLI, "migrate"], env, ROOT)
+    try:
+        out = run_checked([*CLI, "tenants", "create", AGENT], env, ROOT)
+    except RuntimeError as exc:
+        if "already exists" not in str(exc):
+            raise
+        out = run_checked([*CLI, "keys", "create", AGENT], env, ROOT)
+    match = KEY_LINE.search(out)
+    if match is None:
+        raise RuntimeError(f"no API key in the output of 'tenants create':\n{out}")
+    return match.group(1)
+
+
+def start_tracon(env: dict[str, str], children: Children) -> str:
+    port = free_port()
+    bind = f"127.0.0.1:{port}"
+    children.start("web", [*CLI, "web", "--bind", bind, "--workers", "2", "--threads", "32"], env)
+    children.start("worker", [*CLI, "worker", "-n", "bench@%h"], env)
+    base_url = f"http://{bind}"
+    wait_until(lambda: _healthy(base_url), "web /healthz", STARTUP_TIMEOUT, children)
+    return base_url
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/healthz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def api_client(base_url: str, api_key: str) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {api_key}"}
+    return httpx.Client(base_url=base_url, headers=headers, timeout=30.0)
+
+
+def warm_up_tracon(clients: list[httpx.Client], counter: RunCounter, children: Children) -> None:
+    """Runs until the worker has consumed some: proves it is up and warms every pool."""
+    ids = submit_runs(clients, WARMUP).ids
+    statuses = await_runs(counter, ids, STARTUP_TIMEOUT, children)
+    if statuses["Completed"] != len(ids):
+        raise RuntimeError(f"warm-up runs did not all complete: {_shown(statuses)}")
+
+
+def submit_runs(clients: list[httpx.Client], count: int) -> Submitted:
+    """`count` POSTs spread over the clients, one thread each, keep-alive connections."""
+    shares = [range(i, count, len(clients)) for i in range(len(clients))]
+    submitted = Submitted()
+    with ThreadPoolExecutor(len(clients), thread_name_prefix="b1-http") as pool:
+        for part in pool.map(post_runs, clients, shares):
+            submitted.extend(part)
+    return submitted
+
+
+def post_runs(client: httpx.Client, indices: range) -> Submitted:
+    submitted = Submitted()
+    for index in indices:
+        started = time.perf_counter()
+        response = client.post(RUN_PATH, json={"message": f"bench run {index}"}, headers=ASYNC)
+        submitted.latencies.append(time.perf_counter() - started)
+        if response.status_code != 202:
+            raise RuntimeError(f"POST {RUN_PATH} -> {response.status_code}: {response.text}")
+        submitted.ids.append(response.json()["runId"])
+    return submitted
+
+
+class RunCounter:
+    """Counts runs per status straight from SQL: one query, where the API would page."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = sa.create_engine(normalize_url(url))
+
+    def statuses(self, ids: list[str]) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        with self.engine.connect() as conn:
+            for chunk in _chunks(ids, ID_CHUNK):
+                query = (
+                    sa.select(Run.status, sa.func.count())
+                    .where(Run.id.in_(chunk))
+                    .group_by(Run.status)
+                )
+                counts.update({status: number for status, number in conn.execute(query)})
+        return counts
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def await_runs(
+    counter: RunCounter, ids: list[str], timeout: float, children: Children
+) -> Counter[str]:
+    """Statuses once every run ended (or at the timeout, with some still open)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        statuses = counter.statuses(ids)
+        if sum(statuses[s] for s in TERMINAL) >= len(ids) or time.monotonic() > deadline:
+            return statuses
+        children.check_alive()
+        time.sleep(RUN_POLL_SECONDS)
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _shown(statuses: Counter[str]) -> str:
+    return ", ".join(f"{number} {status}" for status, number in statuses.most_common()) or "none"
+
+
+# -- measure B: plain Celery ---------------------------------------------------------------
+
+
+def measure_celery(options: Options, redis_url: str, children: Children) -> Measurement:
+    baseline = import_baseline(redis_url)
+    start_baseline_worker(options.worker_concurrency, redis_url, children)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        warm_up_celery(baseline, client, options.concurrency, children)
+        started = time.perf_counter()
+        send_noops(baseline.noop, options.runs, options.concurrency)
+        done = await_noops(client, baseline.COUNTER_KEY, options.runs, options.timeout, children)
+        seconds = time.perf_counter() - started
+    finally:
+        client.close()
+    problem = "" if done == options.runs else f"only {done} no-ops ran"
+    return Measurement("celery no-op", options.runs, seconds, min(done, options.runs), problem)
+
+
+def import_baseline(redis_url: str) -> Any:
+    """`bench.baseline_app`, which reads its broker from the environment when imported."""
+    os.environ["BENCH_REDIS_URL"] = redis_url
+    from bench import baseline_app
+
+    if baseline_app.broker_url != redis_url:
+        raise RuntimeError("bench.baseline_app was imported before its broker URL was set")
+    return baseline_app
+
+
+def start_baseline_worker(concurrency: int, redis_url: str, children: Children) -> None:
+    env = child_env(BENCH_REDIS_URL=redis_url)
+    worker = f"worker --pool threads -c {concurrency} --prefetch-multiplier 1 -E -Q bench.noop"
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "bench.baseline_app",
+        *worker.split(),
+        "--loglevel",
+        "INFO",
+        "-n",
+        "baseline@%h",
+    ]
+    children.start("baseline-worker", argv, env)
+
+
+def warm_up_celery(baseline: Any, client: redis.Redis, threads: int, children: Children) -> None:
+    send_noops(baseline.noop, WARMUP, threads)
+    await_noops(client, baseline.COUNTER_KEY, WARMUP, STARTUP_TIMEOUT, children)
+    client.delete(baseline.COUNTER_KEY)
+
+
+def send_noops(task: Any, count: int, threads: int) -> None:
+    with ThreadPoolExecutor(threads, thread_name_prefix="b1-celery") as pool:
+        for _ in pool.map(lambda _: task.delay(), range(count)):
+            pass
+
+
+def await_noops(
+    client: redis.Redis, key: str, count: int, timeout: float, children: Children
+) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        done = int(client.get(key) or 0)
+        if done >= count or time.monotonic() > deadline:
+            return done
+        children.check_alive()
+        time.sleep(NOOP_POLL_SECONDS)
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def print_report(
+    options: Options,
+    redis_url: str,
+    database: str,
+    tracon: Measurement,
+    baseline: Measurement,
+    latencies: list[float],
+) -> None:
+    print(
+        f"B1 throughput: {options.runs} runs, {options.concurrency} HTTP threads, "
+        f"worker concurrency {options.worker_concurrency}"
+    )
+    print(f"  database {_safe_url(database)}  ·  redis {redis_url}\n")
+    print(f"  {'measure':<20} {'N':>6} {'seconds':>9} {'per s':>9}")
+    for row in (tracon, baseline):
+        print(f"  {row.label:<20} {row.count:>6} {row.seconds:>9.2f} {row.per_second:>9.1f}")
+    for row in (tracon, baseline):
+        if row.problem:
+            print(f"  FAILED {row.label}: {row.problem}")
+    print()
+    print(f"  {ratio_line(tracon, baseline)}")
+    print(f"  {latency_line(latencies)}")
+
+
+def ratio_line(tracon: Measurement, baseline: Measurement) -> str:
+    ratio = tracon.per_second / baseline.per_second if baseline.per_second else 0.0
+    verdict = "met" if ratio >= GOAL_RATIO else "missed"
+    return f"ratio = tracon / celery = {ratio:.2f}   (goal >= {GOAL_RATIO:.2f}: {verdict})"
+
+
+def latency_line(latencies: list[float]) -> str:
+    if len(latencies) < 2:
+        return "submit latency: too few POSTs to tell"
+    cuts = statistics.quantiles(latencies, n=100)
+    return (
+        f"submit latency (POST, Prefer: respond-async): p50 {cuts[49] * 1000:.1f} ms, "
+        f"p95 {cuts[94] * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+    )
+
+
+def _safe_url(url: str) -> str:
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

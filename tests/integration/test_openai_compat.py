@@ -1,0 +1,383 @@
+"""`/v1/chat/completions` and `/v1/responses` with the official `openai` package as the
+client, against the real Flask app served over HTTP, real SQL and real Redis.
+
+Runs are executed by the real executor on a thread standing in for a worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from tests.conftest import scripted_agent
+from tracon_jobs.runs.dispatch import RunDispatcher
+from tracon_jobs.runtime import Runtime
+from web import create_app
+
+TEXT = "It shipped."
+
+
+@pytest.fixture
+def serve(
+    make_runtime: Callable[..., Runtime], sql_url: str
+) -> Iterator[Callable[..., tuple[Runtime, str, str]]]:
+    """Start the app on an ephemeral port: (runtime, base URL, API key of tenant acme)."""
+    servers: list[BaseWSGIServer] = []
+
+    def start(
+        script: list[dict[str, Any]] | None = None, **sections: Any
+    ) -> tuple[Runtime, str, str]:
+        steps = script or [{"Text": TEXT, "InputTokens": 7, "OutputTokens": 3}]
+        rt = make_runtime(sql_url, **{**scripted_agent(steps), **sections})
+        rt.__dict__["dispatcher"] = RunDispatcher(rt.runs, thread_worker(rt))
+        app = create_app(rt, {"SSE_KEEPALIVE_SECONDS": 0.5})
+        server = make_server("127.0.0.1", 0, app, threaded=True)
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        servers.append(server)
+        key = rt.tenants.issue_key(rt.tenants.ensure_tenant("acme")).secret
+        return rt, f"http://127.0.0.1:{server.server_port}", key
+
+    yield start
+    for server in servers:
+        server.shutdown()
+    time.sleep(0.05)  # let detached executor threads finish before the database is dropped
+
+
+def thread_worker(runtime: Runtime) -> Callable[[str], None]:
+    def send(run_id: str) -> None:
+        threading.Thread(target=runtime.executor.execute, args=(run_id,), daemon=True).start()
+
+    return send
+
+
+def client_for(base: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=20)
+
+
+def api_runs(base: str, key: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{base}/api/runs", headers={"Authorization": f"Bearer {key}"})
+    items: list[dict[str, Any]] = response.json()["items"]
+    return items
+
+
+USER = [{"role": "user", "content": "Where is A-1?"}]
+
+
+# -- chat completions -------------------------------------------------------------------
+
+
+def test_chat_completion_is_an_ordinary_run_shaped_as_openai(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+
+    completion = client_for(base, key).chat.completions.create(model="demo", messages=USER)
+
+    assert completion.object == "chat.completion" and completion.model == "demo"
+    assert completion.choices[0].message.content == TEXT
+    assert completion.choices[0].message.role == "assistant"
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (7, 3)
+    assert completion.usage.total_tokens == 10
+    [run] = api_runs(base, key)
+    assert completion.id == f"chatcmpl-{run['id']}"
+    assert run["status"] == "Completed" and run["agent"] == "demo"
+    assert run["input"] == {"message": "Where is A-1?", "messages": USER}
+
+
+def test_chat_history_reaches_the_model(serve: Callable[..., tuple[Runtime, str, str]]) -> None:
+    # the scripted model answers step N when the conversation holds N assistant messages
+    _, base, key = serve([{"Text": "first"}, {"Text": "second"}])
+    messages: Any = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": "first"},
+        {"role": "user", "content": "and then?"},
+    ]
+
+    completion = client_for(base, key).chat.completions.create(model="demo", messages=messages)
+
+    assert completion.choices[0].message.content == "second"
+    assert api_runs(base, key)[0]["input"]["message"] == "and then?"
+
+
+def test_chat_completion_streams_chunks_ending_with_done(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+
+    stream = client_for(base, key).chat.completions.create(
+        model="demo", messages=USER, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+
+    assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
+    assert len({chunk.id for chunk in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == TEXT
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "stop" and finishes.count("stop") == 1
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 10
+
+
+def test_raw_chat_stream_ends_with_data_done(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    body = {"model": "demo", "messages": USER, "stream": True}
+
+    response = httpx.post(
+        f"{base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    )
+
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.text.rstrip().endswith("data: [DONE]")
+
+
+# -- responses --------------------------------------------------------------------------
+
+
+def test_response_is_an_ordinary_run_shaped_as_openai(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+
+    response = client_for(base, key).responses.create(
+        model="demo", input="Where is A-1?", instructions="be brief"
+    )
+
+    assert response.object == "response" and response.status == "completed"
+    assert response.output_text == TEXT
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (7, 3)
+    [run] = api_runs(base, key)
+    assert response.id == f"resp_{run['id']}"
+    assert run["input"]["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "Where is A-1?"},
+    ]
+
+
+def test_response_accepts_a_list_of_input_messages(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    items: Any = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Where is A-1?"}]},
+    ]
+
+    response = client_for(base, key).responses.create(model="demo", input=items)
+
+    assert response.output_text == TEXT
+    assert api_runs(base, key)[0]["input"]["message"] == "Where is A-1?"
+
+
+def test_response_streams_typed_events_with_sequence_numbers(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+
+    events = list(
+        client_for(base, key).responses.create(model="demo", input="Where is A-1?", stream=True)
+    )
+
+    assert [event.type for event in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == TEXT
+    completed = events[-1]
+    assert completed.type == "response.completed"
+    assert completed.response.output_text == TEXT
+    assert completed.response.usage is not None and completed.response.usage.total_tokens == 10
+
+
+def test_response_stream_helper_accumulates_the_final_response(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+
+    with client_for(base, key).responses.stream(model="demo", input="Where is A-1?") as stream:
+        texts = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+
+    assert "".join(texts) == TEXT and final.output_text == TEXT
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+def test_unknown_model_is_404_in_openai_shape(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+
+    with pytest.raises(openai.NotFoundError) as caught:
+        client_for(base, key).chat.completions.create(model="nobody", messages=USER)
+
+    assert caught.value.status_code == 404
+    assert caught.value.code == "model_not_found"
+    assert caught.value.body == {
+        "message": "The model 'nobody' does not exist: a model names an agent",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+    assert api_runs(base, key) == []
+
+
+def test_bad_api_key_is_401_in_openai_shape(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, _ = serve()
+
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client_for(base, "tjk_nope_nope").responses.create(model="demo", input="x")
+
+    assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
+
+
+def test_a_body_openai_would_refuse_is_400_in_openai_shape(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+
+    response = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "demo", "messages": [{"role": "tool", "content": "x"}]},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and "tool" in error["message"]
+
+
+def test_a_failed_run_is_502_in_openai_shape(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve([{"ErrorStatus": 400}])
+
+    with pytest.raises(openai.APIStatusError) as caught:
+        client_for(base, key).chat.completions.create(model="demo", messages=USER)
+
+    assert caught.value.status_code == 502
+    assert caught.value.code == "provider_error"
+    assert api_runs(base, key)[0]["status"] == "Failed"
+
+
+def test_a_failed_run_ends_each_stream_with_an_error(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve([{"ErrorStatus": 400}])
+    client = client_for(base, key)
+
+    with pytest.raises(openai.APIError):
+        list(client.chat.completions.create(model="demo", messages=USER, stream=True))
+    events = list(client.responses.create(model="demo", input="x", stream=True))
+
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.failed",
+    ]
+    failed = events[-1]
+    assert failed.type == "response.failed"
+    assert failed.response.status == "failed"
+    assert failed.response.error is not None and failed.response.error.code == "provider_error"
+
+
+# -- idempotency through the SDK --------------------------------------------------------
+
+
+def test_an_idempotency_key_passed_as_an_extra_header_replays(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+    extra = {"Idempotency-Key": "order-4182-v1"}
+
+    first = client.chat.completions.with_raw_response.create(
+        model="demo", messages=USER, extra_headers=extra
+    )
+    again = client.chat.completions.with_raw_response.create(
+        model="demo", messages=USER, extra_headers=extra
+    )
+
+    assert first.parse().id == again.parse().id
+    assert again.parse().choices[0].message.content == TEXT
+    assert again.headers["Idempotency-Replayed"] == "true"
+    assert first.http_response.content == again.http_response.content
+    assert len(api_runs(base, key)) == 1
+
+    responses = [
+        client.responses.create(model="demo", input="x", extra_headers={"Idempotency-Key": "r"})
+        for _ in range(2)
+    ]
+    assert responses[0].id == responses[1].id and len(api_runs(base, key)) == 2
+
+
+def test_idempotency_errors_on_v1_use_the_openai_shape(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+    client.chat.completions.create(
+        model="demo", messages=USER, extra_headers={"Idempotency-Key": "k"}
+    )
+
+    with pytest.raises(openai.UnprocessableEntityError) as mismatch:
+        client.chat.completions.create(
+            model="demo",
+            messages=[{"role": "user", "content": "other"}],
+            extra_headers={"Idempotency-Key": "k"},
+        )
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.chat.completions.create(
+            model="demo", messages=USER, extra_headers={"Idempotency-Key": "k" * 256}
+        )
+    with pytest.raises(openai.BadRequestError) as streaming:
+        client.responses.create(
+            model="demo", input="x", stream=True, extra_headers={"Idempotency-Key": "s"}
+        )
+
+    assert mismatch.value.code == "idempotency_key_reused"
+    assert too_long.value.code == streaming.value.code == "invalid_idempotency_key"
+    assert isinstance(mismatch.value.body, dict) and set(mismatch.value.body) == {
+        "message",
+        "type",
+        "param",
+        "code",
+    }
+
+
+def test_idempotency_disabled_on_v1_is_501(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve(Idempotency={"Enabled": False})
+
+    with pytest.raises(openai.APIStatusError) as caught:
+        client_for(base, key).responses.create(
+            model="demo", input="x", extra_headers={"Idempotency-Key": "k"}
+        )
+
+    assert caught.value.status_code == 501 and caught.value.code == "idempotency_disabled"
+    assert api_runs(base, key) == []

@@ -1,0 +1,358 @@
+"""The circuit breaker: one circuit per provider name, shared by every process.
+
+    closed ──N consecutive counted failures──> open ──BreakDuration──> half_open
+      ^                                          ^                       │
+      └────────── probe succeeds ────────────────┼──── probe fails ──────┘
+
+The transitions are a pure function (`transition`) of state, outcome and `now`; the Redis
+store runs the same rules in Lua with Redis server time, so N failures spread over K
+processes open the circuit at exactly N. Half-open admits `HalfOpenMaxProbes` probes, each
+on a lease, so a prober that crashed or hangs never wedges the circuit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+import redis
+
+from tracon_jobs.coordination.scripts import Scripts
+from tracon_jobs.errors import ProviderUnavailableError
+
+log = logging.getLogger(__name__)
+
+State = Literal["closed", "open", "half_open"]
+Outcome = Literal["success", "failure", "release"]
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    threshold: int
+    break_ms: int
+    max_probes: int
+    probe_lease_ms: int
+
+
+@dataclass(frozen=True)
+class Admission:
+    allowed: bool
+    probe: bool = False
+    retry_after_ms: int = 0
+    before: State = "closed"
+    after: State = "closed"
+
+
+@dataclass(frozen=True)
+class Transition:
+    before: State
+    after: State
+    failures: int = 0
+    open_until_ms: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+@dataclass(frozen=True)
+class CircuitSnapshot:
+    provider: str
+    state: State
+    failures: int
+    retry_after_ms: int
+    probes: int
+
+
+@dataclass(frozen=True)
+class Circuit:
+    """The stored state of one circuit (what the Redis hash holds)."""
+
+    state: State = "closed"
+    failures: int = 0
+    open_until_ms: int = 0
+    probes: dict[str, int] = field(default_factory=dict)  # token -> lease deadline
+
+
+# -- the pure state machine ------------------------------------------------------------
+
+
+def admit(
+    circuit: Circuit, policy: BreakerPolicy, now: int, token: str
+) -> tuple[Circuit, Admission]:
+    if circuit.state == "closed":
+        return circuit, Admission(True)
+    if circuit.state == "open" and now < circuit.open_until_ms:
+        return circuit, Admission(
+            False, retry_after_ms=circuit.open_until_ms - now, before="open", after="open"
+        )
+    probes = {t: until for t, until in circuit.probes.items() if until > now}
+    half = replace(circuit, state="half_open", probes=probes)
+    if len(probes) < policy.max_probes:
+        half = replace(half, probes={**probes, token: now + policy.probe_lease_ms})
+        return half, Admission(True, probe=True, before=circuit.state, after="half_open")
+    wait = max(min(probes.values()) - now, 1)
+    return half, Admission(False, retry_after_ms=wait, before=circuit.state, after="half_open")
+
+
+def transition(
+    circuit: Circuit,
+    policy: BreakerPolicy,
+    now: int,
+    token: str,
+    outcome: Outcome,
+    retry_after_ms: int = 0,
+) -> tuple[Circuit, Transition]:
+    state, is_probe = circuit.state, token in circuit.probes
+    reopen = Circuit("open", circuit.failures, now + max(policy.break_ms, retry_after_ms))
+    if outcome == "release":
+        rest = {t: u for t, u in circuit.probes.items() if t != token}
+        return replace(circuit, probes=rest), _same(circuit)
+    if outcome == "success":
+        if state == "closed" or (state == "half_open" and is_probe):
+            return Circuit(), Transition(state, "closed")
+        return circuit, _same(circuit)
+    if state == "closed":
+        failures = circuit.failures + 1
+        if failures >= policy.threshold:
+            opened = replace(reopen, failures=failures)
+            return opened, Transition("closed", "open", failures, opened.open_until_ms)
+        return replace(circuit, failures=failures), Transition("closed", "closed", failures)
+    if state == "half_open" and is_probe:
+        return reopen, Transition("half_open", "open", circuit.failures, reopen.open_until_ms)
+    if state == "open" and retry_after_ms and now + retry_after_ms > circuit.open_until_ms:
+        later = replace(circuit, open_until_ms=now + retry_after_ms)
+        return later, _same(later)
+    return circuit, _same(circuit)
+
+
+def _same(circuit: Circuit) -> Transition:
+    return Transition(circuit.state, circuit.state, circuit.failures, circuit.open_until_ms)
+
+
+# -- stores ------------------------------------------------------------------------------
+
+
+class BreakerStore(Protocol):
+    def admit(self, provider: str, policy: BreakerPolicy, token: str) -> Admission: ...
+
+    def record(
+        self,
+        provider: str,
+        policy: BreakerPolicy,
+        token: str,
+        outcome: Outcome,
+        retry_after_ms: int = 0,
+    ) -> Transition: ...
+
+    def snapshot(self, provider: str) -> CircuitSnapshot: ...
+
+
+class MemoryBreakerStore:
+    """The same rules for one process; `clock` returns milliseconds (injectable)."""
+
+    def __init__(self, clock: Callable[[], int] | None = None) -> None:
+        self.clock = clock or (lambda: int(time.monotonic() * 1000))
+        self._circuits: dict[str, Circuit] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, provider: str, policy: BreakerPolicy, token: str) -> Admission:
+        with self._lock:
+            circuit = self._circuits.get(provider, Circuit())
+            self._circuits[provider], admission = admit(circuit, policy, self.clock(), token)
+            return admission
+
+    def record(
+        self,
+        provider: str,
+        policy: BreakerPolicy,
+        token: str,
+        outcome: Outcome,
+        retry_after_ms: int = 0,
+    ) -> Transition:
+        with self._lock:
+            circuit = self._circuits.get(provider, Circuit())
+            now = self.clock()
+            self._circuits[provider], change = transition(
+                circuit, policy, now, token, outcome, retry_after_ms
+            )
+            return change
+
+    def snapshot(self, provider: str) -> CircuitSnapshot:
+        with self._lock:
+            circuit = self._circuits.get(provider, Circuit())
+            return _snapshot(provider, circuit, self.clock())
+
+
+class RedisBreakerStore:
+    """Circuits in Redis, changed only by Lua scripts that read Redis server time."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+        self.client = client
+        self.prefix = prefix
+        self.scripts = Scripts(client)
+
+    def keys(self, provider: str) -> list[str]:
+        base = f"{self.prefix}:breaker:{{{provider}}}"
+        return [base, f"{base}:probes"]
+
+    def admit(self, provider: str, policy: BreakerPolicy, token: str) -> Admission:
+        reply = self.scripts(
+            "breaker_admit", self.keys(provider), [policy.max_probes, policy.probe_lease_ms, token]
+        )
+        allowed, probe, retry, before, after = reply
+        return Admission(bool(allowed), bool(probe), int(retry), _state(before), _state(after))
+
+    def record(
+        self,
+        provider: str,
+        policy: BreakerPolicy,
+        token: str,
+        outcome: Outcome,
+        retry_after_ms: int = 0,
+    ) -> Transition:
+        reply = self.scripts(
+            "breaker_record",
+            self.keys(provider),
+            [outcome, token, policy.threshold, policy.break_ms, retry_after_ms],
+        )
+        before, after, failures, open_until = reply
+        return Transition(_state(before), _state(after), int(failures), int(open_until))
+
+    def snapshot(self, provider: str) -> CircuitSnapshot:
+        key, probes_key = self.keys(provider)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(key)
+        pipe.zrange(probes_key, 0, -1, withscores=True)
+        pipe.time()
+        fields, probes, (seconds, micros) = pipe.execute()
+        now = int(seconds) * 1000 + int(micros) // 1000
+        data = {_text(k): _text(v) for k, v in fields.items()}
+        circuit = Circuit(
+            state=_state(data.get("state", "closed")),
+            failures=int(data.get("failures", 0)),
+            open_until_ms=int(float(data.get("open_until", 0))),
+            probes={_text(t): int(score) for t, score in probes},
+        )
+        return _snapshot(provider, circuit, now)
+
+
+def _snapshot(provider: str, circuit: Circuit, now: int) -> CircuitSnapshot:
+    state = circuit.state
+    if state == "open" and now >= circuit.open_until_ms:
+        state = "half_open"  # the break is over: the next call will probe
+    live_probes = sum(1 for until in circuit.probes.values() if until > now)
+    retry = max(circuit.open_until_ms - now, 0) if state == "open" else 0
+    return CircuitSnapshot(provider, state, circuit.failures, retry, live_probes)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _state(value: bytes | str) -> State:
+    text = _text(value)
+    assert text in ("closed", "open", "half_open"), text
+    return text  # type: ignore[return-value]
+
+
+# -- the breaker the executor uses -------------------------------------------------------
+
+
+@dataclass
+class Ticket:
+    """One admitted fallback link's loop: at most one success and one failure recorded."""
+
+    provider: str
+    token: str
+    probe: bool
+    tracked: bool  # False when disabled or the store was unreachable: record nothing
+    change: Admission | None = None  # the admission moved the circuit (open -> half_open)
+    succeeded: bool = False
+    failed: bool = False
+
+
+class CircuitBreaker:
+    def __init__(
+        self,
+        store: BreakerStore,
+        policy: BreakerPolicy,
+        *,
+        enabled: bool = True,
+        on_store_unavailable: str = "allow",
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self.enabled = enabled
+        self.reject_without_store = on_store_unavailable == "reject"
+
+    def admit(self, provider: str) -> Ticket:
+        """A ticket for the link's loop, or ProviderUnavailableError while open."""
+        token = uuid.uuid4().hex
+        if not self.enabled:
+            return Ticket(provider, token, probe=False, tracked=False)
+        try:
+            admission = self.store.admit(provider, self.policy, token)
+        except redis.RedisError as exc:
+            return self._without_store(provider, token, exc)
+        changed = admission.before != admission.after
+        if changed:
+            log.warning("circuit %s: %s -> %s", provider, admission.before, admission.after)
+        if not admission.allowed:
+            raise ProviderUnavailableError(provider, retry_after=admission.retry_after_ms / 1000)
+        return Ticket(provider, token, admission.probe, True, admission if changed else None)
+
+    def success(self, ticket: Ticket) -> Transition | None:
+        """Record the link's first successful response; the transition if the state moved."""
+        if ticket.succeeded:
+            return None
+        ticket.succeeded = True
+        return self._record(ticket, "success")
+
+    def failure(self, ticket: Ticket, retry_after: float | None = None) -> Transition | None:
+        if ticket.failed:
+            return None
+        ticket.failed = True
+        return self._record(ticket, "failure", int((retry_after or 0) * 1000))
+
+    def release(self, ticket: Ticket) -> None:
+        """The loop ended with no outcome to record (cancelled): free its probe lease."""
+        if ticket.probe and not (ticket.succeeded or ticket.failed):
+            self._record(ticket, "release")
+
+    def snapshot(self, provider: str) -> CircuitSnapshot:
+        return self.store.snapshot(provider)
+
+    def _record(
+        self, ticket: Ticket, outcome: Outcome, retry_after_ms: int = 0
+    ) -> Transition | None:
+        if not ticket.tracked:
+            return None
+        try:
+            change = self.store.record(
+                ticket.provider, self.policy, ticket.token, outcome, retry_after_ms
+            )
+        except redis.RedisError as exc:
+            log.warning(
+                "circuit store unreachable; %s of %s not recorded: %s",
+                outcome,
+                ticket.provider,
+                exc,
+            )
+            return None
+        if not change.changed:
+            return None
+        log.warning("circuit %s: %s -> %s", ticket.provider, change.before, change.after)
+        return change
+
+    def _without_store(self, provider: str, token: str, exc: Exception) -> Ticket:
+        if self.reject_without_store:
+            log.error("circuit store unreachable; rejecting call to %s: %s", provider, exc)
+            raise ProviderUnavailableError(provider, retry_after=None) from exc
+        log.warning("circuit store unreachable; allowing call to %s: %s", provider, exc)
+        return Ticket(provider, token, probe=False, tracked=False)

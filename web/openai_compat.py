@@ -1,0 +1,228 @@
+"""OpenAI-compatible `/v1/chat/completions` and `/v1/responses`: `model` names an agent.
+
+Each request starts an ordinary run (recorded, listed under `/api/runs`, cancellable)
+whose input is the conversation: `{"message": <last user text>, "messages": [...]}`.
+Without `stream` the answer is buffered (the contract's status mapping, in OpenAI's error
+shape on failure); with `stream: true` it follows the run's events (`web.sse.tail`) and
+speaks OpenAI's chunk or typed-event format. Every error on `/v1` uses OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from http import HTTPStatus
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify
+from pydantic import BaseModel, ConfigDict, Field
+from werkzeug.exceptions import HTTPException
+
+from tracon_jobs.db.models import Run
+from tracon_jobs.runs.store import NewRun
+from web.auth import require_tenant, tenant_id
+from web.buffered import ending, run_location, wait_for_end
+from web.extensions import runtime
+from web.idempotency import idempotent, remember_run
+from web.openai_shapes import (
+    ResponseEvents,
+    chat_chunk,
+    chat_completion,
+    chat_final_frames,
+    data_frame,
+    error_body,
+    response_object,
+)
+from web.problems import Problem, bad_request
+from web.runs import parse_body, prefers_async, submit
+from web.sse import sse_response, tail
+
+bp = Blueprint("openai", __name__, url_prefix="/v1")
+require_tenant(bp)
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+TEXT_PARTS = {"text", "input_text", "output_text"}
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+ERROR_CODES = {401: "invalid_api_key", 404: "not_found"}
+
+Shape = Callable[[Run, str], dict[str, Any]]
+Answer = tuple[Response, int, dict[str, str]]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(BaseModel):
+    """What we read of a chat completions request; other OpenAI fields are accepted."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    stream: bool = False
+
+
+# -- routes ---------------------------------------------------------------------------
+
+
+@bp.post("/chat/completions")
+@idempotent()
+def chat_completions() -> Response | Answer:
+    body: ChatRequest = parse_body(ChatRequest)
+    turns = [(message.role, message.content) for message in body.messages]
+    run = start_run(body.model, conversation(turns, "messages"))
+    if body.stream:
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        return sse_response(chat_stream(run, body.model, usage), Location=run_location(run.id))
+    return answer(run, body.model, chat_completion)
+
+
+@bp.post("/responses")
+@idempotent()
+def responses() -> Response | Answer:
+    body: ResponsesRequest = parse_body(ResponsesRequest)
+    run = start_run(body.model, conversation(response_turns(body), "input"))
+    if body.stream:
+        return sse_response(response_stream(run, body.model), Location=run_location(run.id))
+    return answer(run, body.model, response_object)
+
+
+# -- input ----------------------------------------------------------------------------
+
+
+def response_turns(body: ResponsesRequest) -> list[tuple[str, Any]]:
+    turns: list[tuple[str, Any]] = [("system", body.instructions)] if body.instructions else []
+    if isinstance(body.input, str):
+        return [*turns, ("user", body.input)]
+    for index, item in enumerate(body.input):
+        if item.get("type", "message") != "message" or "role" not in item:
+            raise bad_request(f"input[{index}]: only message items are supported", field="input")
+        turns.append((str(item["role"]), item.get("content")))
+    return turns
+
+
+def conversation(turns: list[tuple[str, Any]], field: str) -> dict[str, Any]:
+    """The run input: every turn as a text message, and the last user text as `message`."""
+    messages = [
+        message_of(role, content, f"{field}[{i}]") for i, (role, content) in enumerate(turns)
+    ]
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users:
+        raise bad_request(f"{field}: at least one user message is required", field=field)
+    return {"message": users[-1], "messages": messages}
+
+
+def message_of(role: str, content: Any, where: str) -> dict[str, str]:
+    if role not in ROLES:
+        raise bad_request(f"{where}.role: '{role}' is not supported here", field=f"{where}.role")
+    return {"role": ROLES[role], "content": text_of(content, where)}
+
+
+def text_of(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content if isinstance(content, list) else [content]:
+        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS:
+            raise bad_request(f"{where}.content: only text parts are supported", field=where)
+        texts.append(str(part.get("text", "")))
+    return "".join(texts)
+
+
+def start_run(model: str, run_input: dict[str, Any]) -> Run:
+    rt = runtime()
+    if model not in rt.settings.agents:
+        raise Problem(
+            404,
+            "Not Found",
+            f"The model '{model}' does not exist: a model names an agent",
+            code="model_not_found",
+            field="model",
+        )
+    new = NewRun(tenant_id(), model, run_input, currency=rt.settings.pricing.currency)
+    run = submit(new)
+    remember_run(run.id)
+    return run
+
+
+# -- answers --------------------------------------------------------------------------
+
+
+def answer(run: Run, model: str, shape: Shape) -> Answer:
+    """202 at once under `Prefer: respond-async`; otherwise the buffered end of the run."""
+    if prefers_async():
+        headers = {"Location": run_location(run.id), "Preference-Applied": "respond-async"}
+        return jsonify(shape(run, model)), 202, headers
+    run = wait_for_end(run.id)
+    end = ending(run)
+    if not end.ok:
+        message = run.error_message or f"the run ended {run.status}"
+        title = HTTPStatus(end.status).phrase
+        raise Problem(end.status, title, message, headers=end.headers, code=run.error_type)
+    return jsonify(shape(run, model)), end.status, end.headers
+
+
+def chat_stream(run: Run, model: str, include_usage: bool) -> Iterator[str]:
+    yield data_frame(chat_chunk(run, model, {"role": "assistant", "content": ""}))
+    yield from keepalives_until_end(run.id)
+    yield from chat_final_frames(ended(run.id), model, include_usage)
+
+
+def response_stream(run: Run, model: str) -> Iterator[str]:
+    events = ResponseEvents(run, model)
+    yield from events.opening()
+    yield from keepalives_until_end(run.id)
+    yield from events.closing(ended(run.id))
+
+
+def keepalives_until_end(run_id: str) -> Iterator[str]:
+    """Follow the run to its terminal event, sending a comment line while it is quiet."""
+    rt = runtime()
+    keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
+    for event in tail(rt.runs, rt.feed, run_id, 0, keepalive):
+        if event is None:
+            yield ": keep-alive\n\n"
+
+
+def ended(run_id: str) -> Run:
+    run = runtime().runs.get(run_id)
+    assert run is not None
+    return run
+
+
+# -- errors in OpenAI's shape ---------------------------------------------------------
+
+
+def openai_error(status: int, message: str, code: str | None, param: str | None) -> Response:
+    default = "invalid_request_error" if status < 500 else "server_error"
+    body = error_body(message, ERROR_TYPES.get(status, default), code, param)
+    response = jsonify(body)
+    response.status_code = status
+    return response
+
+
+@bp.errorhandler(Problem)
+def _problem(problem: Problem) -> Response:
+    code = problem.extra.get("code") or ERROR_CODES.get(problem.status)
+    response = openai_error(problem.status, problem.detail, code, problem.extra.get("field"))
+    response.headers.update(problem.headers)
+    return response
+
+
+@bp.errorhandler(HTTPException)
+def _http_exception(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    return openai_error(status, exc.description or exc.name, ERROR_CODES.get(status), None)
