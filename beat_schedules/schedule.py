@@ -10,6 +10,7 @@ from tracon_jobs.settings import Settings
 
 REQUEUE_TASK = "tracon.runs.requeue_unclaimed"
 IDEMPOTENCY_PURGE_TASK = "tracon.idempotency.purge"
+RECONCILE_TASK = "tracon.reconcile.scan"
 CONTROL_QUEUE = "tracon.control"
 
 
@@ -33,6 +34,13 @@ def build_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "options": {"expires": interval, "queue": CONTROL_QUEUE},
         }
     }
+    if settings.run_reconciliation.enabled:
+        scan = settings.run_reconciliation.scan_interval.total_seconds()
+        schedule["reconcile-orphaned-runs"] = {
+            "task": RECONCILE_TASK,
+            "schedule": scan,
+            "options": {"expires": scan, "queue": CONTROL_QUEUE},
+        }
     retention = settings.retention.idempotency_retention
     if retention is not None:
         purge = idempotency_purge_interval(retention)

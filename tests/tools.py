@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 
 from tracon_jobs import ToolContext, tool
 
@@ -51,3 +53,44 @@ def charge_card(amount_cents: int, *, context: ToolContext) -> dict[str, object]
     with _lock:
         charges.append(amount_cents)
     return {"charged": amount_cents, "key": context.idempotency_key}
+
+
+def _flag(name: str) -> Path | None:
+    directory = os.environ.get("TRACON_TEST_FLAGS")
+    return Path(directory) / name if directory else None
+
+
+def _append(name: str, line: str) -> None:
+    """An external counter that survives the worker process (a file per tool)."""
+    path = _flag(f"{name}.log")
+    if path is not None:
+        with path.open("a") as handle:
+            handle.write(line + "\n")
+
+
+@tool(side_effect="write", safe_to_repeat=False)
+def record_step(step: str, *, context: ToolContext) -> str:
+    """Write a step to the outside world (counted in a file)."""
+    _append("record_step", f"{step} {context.idempotency_key}")
+    record("record_step", step=step)
+    return f"recorded {step}"
+
+
+@tool(side_effect="read", timeout_ms=120_000)
+def slow_step(seconds: float, *, context: ToolContext) -> str:
+    """Wait, unless the `fast` flag exists; observes cancellation."""
+    _append("slow_step", context.idempotency_key)
+    fast = _flag("fast")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (fast and fast.exists()):
+        if context.signal.wait(0.05):
+            return "cancelled"
+    return "slow done"
+
+
+@tool(side_effect="destructive", timeout_ms=120_000)
+def wipe_records(seconds: float, *, context: ToolContext) -> str:
+    """A destructive tool that takes its time."""
+    _append("wipe_records", context.idempotency_key)
+    context.signal.wait(seconds)
+    return "wiped"

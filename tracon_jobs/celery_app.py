@@ -13,9 +13,14 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from kombu import Queue
 
-from beat_schedules import build_schedule, retention
+from beat_schedules import build_schedule, reconcile, retention
 from beat_schedules.requeue import scan_once
-from beat_schedules.schedule import CONTROL_QUEUE, IDEMPOTENCY_PURGE_TASK, REQUEUE_TASK
+from beat_schedules.schedule import (
+    CONTROL_QUEUE,
+    IDEMPOTENCY_PURGE_TASK,
+    RECONCILE_TASK,
+    REQUEUE_TASK,
+)
 from tracon_jobs.runs.dispatch import EXECUTE_TASK, RUNS_QUEUE
 
 if TYPE_CHECKING:
@@ -52,6 +57,8 @@ def create_celery(runtime: Runtime) -> Celery:
 
 
 def register_tasks(app: Celery, runtime: Runtime) -> None:
+    from tracon_jobs.coordination.leases import singleton_task
+
     @app.task(name=EXECUTE_TASK, ignore_result=True)
     def execute(run_id: str) -> str:
         return runtime.executor.execute(run_id)
@@ -63,7 +70,17 @@ def register_tasks(app: Celery, runtime: Runtime) -> None:
             log.info("re-sent %d unclaimed runs", len(result.resent))
         return {"resent": len(result.resent), "failed": len(result.failed)}
 
+    @app.task(name=RECONCILE_TASK, ignore_result=True)
+    def reconcile_orphaned_runs() -> dict[str, Any]:
+        result = reconcile.scan_once(runtime, runtime.db.now())
+        return {
+            "orphaned": len(result.orphaned),
+            "canceled": len(result.canceled),
+            "continued": len(result.continued),
+        }
+
     @app.task(name=IDEMPOTENCY_PURGE_TASK, ignore_result=True)
+    @singleton_task(runtime, IDEMPOTENCY_PURGE_TASK)  # None in every process but the owner
     def purge_idempotency_records() -> dict[str, Any]:
         result = retention.scan_once(runtime, runtime.db.now())
         if result.deleted:

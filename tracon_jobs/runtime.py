@@ -16,12 +16,15 @@ import redis
 
 from tracon_jobs.agents.tools import ToolRegistry
 from tracon_jobs.agents.tools import registry as default_tools
+from tracon_jobs.coordination.cancellation import RedisCancelBus
 from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
+from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
 from tracon_jobs.db import Database
 from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisBreakerStore
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
+from tracon_jobs.runs.live import LiveRuns
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
@@ -89,6 +92,29 @@ class Runtime:
         )
 
     @cached_property
+    def cancel_bus(self) -> RedisCancelBus:
+        return RedisCancelBus(self.redis)
+
+    @cached_property
+    def live_runs(self) -> LiveRuns:
+        """Heartbeats (when reconciliation is on) and cancel delivery for executing runs."""
+        config = self.settings.run_reconciliation
+        heartbeat = config.heartbeat_interval if config.enabled else None
+        poll = min(1.0, heartbeat.total_seconds()) if heartbeat else 1.0
+        return LiveRuns(self.runs, self.cancel_bus, heartbeat, poll_seconds=poll)
+
+    @cached_property
+    def leases(self) -> Singleton:
+        """The elector of this process's periodic services (no thread until first asked)."""
+        config = self.settings.singleton_execution
+        return Singleton(
+            RedisLeaseStore(self.redis),
+            config.resolved_owner_id(),
+            _ms(config.lease_duration),
+            enabled=config.enabled,
+        )
+
+    @cached_property
     def executor(self) -> RunExecutor:
         from tracon_jobs.runs.executor import RunExecutor
 
@@ -101,6 +127,9 @@ class Runtime:
         return RunDispatcher(self.runs, celery_sender(self.celery))
 
     def close(self) -> None:
+        for service in ("live_runs", "cancel_bus"):
+            if service in self.__dict__:
+                self.__dict__[service].stop()
         self.providers.close_all()
         self.db.dispose()
         self.redis.close()

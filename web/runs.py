@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
+from tracon_jobs.runs.cancel import cancel_tree
+from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun, RunFilter
 from tracon_jobs.runs.views import run_json
 from web.auth import require_tenant, tenant_id
@@ -187,3 +189,15 @@ def tree_node(run: Run) -> dict[str, Any]:
         "error",
     )
     return {key: view[key] for key in keys}
+
+
+@bp.post("/runs/<run_id>/cancel")
+def cancel_run(run_id: str) -> tuple[Response, int]:
+    """202 once the request is persisted and announced; 409 for a run already ended."""
+    run = owned_run(run_id)
+    if RunStatus(run.status).is_terminal:
+        raise Problem(
+            409, "Conflict", f"run '{run_id}' already ended ({run.status})", runStatus=run.status
+        )
+    reached = cancel_tree(runtime(), run)
+    return jsonify({"runId": run_id, "status": "CancelRequested", "runs": reached}), 202

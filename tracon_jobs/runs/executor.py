@@ -36,8 +36,10 @@ from tracon_jobs.pricing import price
 from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, Provider, ToolCall
 from tracon_jobs.resilience.breaker import Admission, Ticket, Transition
 from tracon_jobs.resilience.classify import classify
+from tracon_jobs.runs.continuation import ChainLedger, chain_ledger
 from tracon_jobs.runs.ledger import Ledger, ToolOutcome, arguments_hash
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
+from tracon_jobs.runs.live import CANCELED, TAKEN_AWAY
 from tracon_jobs.runs.store import TurnSpend
 from tracon_jobs.runs.toolrunner import run_attempt
 from tracon_jobs.signal import AbortSignal
@@ -89,6 +91,7 @@ class Execution:
     first_call: int  # ledger numbering continues after earlier executions of this row
     next_call: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    chain: ChainLedger = field(default_factory=ChainLedger)  # what a continued run recorded
 
 
 class RunExecutor:
@@ -105,11 +108,16 @@ class RunExecutor:
         run = self.rt.runs.get(run_id)
         assert run is not None
         signal = AbortSignal()
+        self.rt.live_runs.register(claim, signal)
+        if run.cancel_requested_at is not None:  # canceled between its claim and now
+            signal.abort(CANCELED)
         try:
             return self._run_to_end(claim, run, signal).value
         except RunTakenAway:
             log.warning("run %s was taken away from fence %s; stopping", run_id, claim.fence)
             return "taken_away"
+        finally:
+            self.rt.live_runs.unregister(run_id)
 
     def _run_to_end(self, claim: Claim, run: Run, signal: AbortSignal) -> RunStatus:
         execution: Execution | None = None
@@ -152,7 +160,8 @@ class RunExecutor:
             raise _config_failure(f"agent '{run.agent}' is not configured")
         tools = self._resolve_tools(agent)
         first_call = self.ledger.next_turn(run.id)
-        return Execution(claim, run, agent, tools, signal, first_call, first_call)
+        chain = chain_ledger(self.rt, run)
+        return Execution(claim, run, agent, tools, signal, first_call, first_call, chain=chain)
 
     def _resolve_tools(self, agent: AgentSettings) -> dict[str, ToolSpec]:
         tools: dict[str, ToolSpec] = {}
@@ -277,7 +286,7 @@ class RunExecutor:
 
     def _check_live(self, ex: Execution) -> None:
         if ex.signal.aborted:
-            raise RunCancelled(ex.signal.reason)
+            raise stopped(ex.signal)
 
     def _model_call(
         self, ex: Execution, link: Link, ticket: Ticket, messages: list[Message], index: int
@@ -306,7 +315,7 @@ class RunExecutor:
         self, ex: Execution, link: Link, ticket: Ticket, exc: ProviderError
     ) -> Exception:
         if exc.kind == "cancelled" and ex.signal.aborted:
-            return RunCancelled(ex.signal.reason)
+            return stopped(ex.signal)
         verdict = classify(exc)
         data = {
             **link.label(),
@@ -350,11 +359,31 @@ class RunExecutor:
         arguments, parse_error = parse_arguments(call.arguments)
         spec = ex.tools.get(call.name)
         outcome = None
-        if link.position > 0 and parse_error is None and spec is not None:
+        if parse_error is None and spec is not None:
+            outcome = self._answer_from_chain(ex, call, arguments)
+        if outcome is None and link.position > 0 and parse_error is None and spec is not None:
             outcome = self._answer_from_ledger(ex, call, arguments)
         if outcome is None:
             outcome = self._execute_tool(ex, call_no, call, spec, arguments, parse_error)
         return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
+
+    def _answer_from_chain(
+        self, ex: Execution, call: ToolCall, arguments: dict[str, Any]
+    ) -> ToolOutcome | None:
+        """In a continuation, a call the interrupted chain completed is answered, not rerun."""
+        found = ex.chain.answer((call.name, arguments_hash(arguments)))
+        if found is None:
+            return None
+        execution_id, outcome = found
+        data = {
+            "tool": call.name,
+            "callId": call.id,
+            "executionId": execution_id,
+            "source": "continuation",
+            "continuedFromRunId": ex.run.continued_from_run_id,
+        }
+        self.rt.runs.append(ex.claim, "ToolCallAnsweredFromLedger", data)
+        return outcome
 
     def _answer_from_ledger(
         self, ex: Execution, call: ToolCall, arguments: dict[str, Any]
@@ -382,7 +411,8 @@ class RunExecutor:
         arguments: dict[str, Any],
         parse_error: str | None,
     ) -> ToolOutcome:
-        entry = self.ledger.start(ex.claim, call_no, call.id, call.name, arguments)
+        reused_key = ex.chain.key_for((call.name, arguments_hash(arguments)))
+        entry = self.ledger.start(ex.claim, call_no, call.id, call.name, arguments, reused_key)
         if parse_error is not None or spec is None:
             outcome = ToolOutcome(
                 ok=False,
@@ -417,6 +447,13 @@ class RunExecutor:
         finally:
             context.signal.abort("done")
         return ToolOutcome(ok=True, result=result)
+
+
+def stopped(signal: AbortSignal) -> RunCancelled | RunTakenAway:
+    """Why an aborted run stops: a cancel request, or another owner took the run."""
+    if signal.reason == TAKEN_AWAY:
+        return RunTakenAway("the run was taken away from this process")
+    return RunCancelled("the run was canceled" if signal.reason == CANCELED else signal.reason)
 
 
 def initial_messages(agent: AgentSettings, run: Run) -> list[Message]:

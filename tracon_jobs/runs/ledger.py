@@ -52,10 +52,17 @@ class Ledger:
         self.store = store
 
     def start(
-        self, claim: Claim, turn: int, call_id: str, tool: str, arguments: dict[str, Any]
+        self,
+        claim: Claim,
+        turn: int,
+        call_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        idempotency_key: str | None = None,
     ) -> LedgerEntry:
+        """A new execution; a call re-run after an unknown outcome keeps its old key."""
         execution_id = str(uuid.uuid4())
-        key = f"tj-{execution_id}"
+        key = idempotency_key or f"tj-{execution_id}"
         db = self.store.db
         with db.write() as session:
             event = self.store.append_in(

@@ -16,12 +16,15 @@ from typing import Any
 
 from sqlalchemy import and_, case, func, literal, or_, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from tracon_jobs.coordination.event_feed import EventFeed
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, RunEvent
 from tracon_jobs.errors import RunTakenAway
-from tracon_jobs.runs.lifecycle import TERMINAL_EVENT, Claim, RunError, RunStatus
+from tracon_jobs.runs.lifecycle import TERMINAL_EVENT, Claim, ErrorClass, RunError, RunStatus
+
+LIVE = [RunStatus.QUEUED.value, RunStatus.RUNNING.value, RunStatus.WAITING.value]
 
 
 @dataclass(frozen=True)
@@ -278,9 +281,10 @@ class RunStore:
         output: dict[str, Any] | None = None,
         error: RunError | None = None,
         attempts: list[dict[str, Any]] | None = None,
+        extra_guard: Sequence[ColumnElement[bool]] = (),
     ) -> Event | None:
         now = self.db.now()
-        guard = [Run.id == run_id, Run.status == expected.value]
+        guard = [Run.id == run_id, Run.status == expected.value, *extra_guard]
         if claim is not None:
             guard.append(Run.fence == claim.fence)
         with self.db.write() as session:
@@ -310,6 +314,99 @@ class RunStore:
             type_ = TERMINAL_EVENT[status]
             session.add(RunEvent(run_id=run_id, seq=seq, type=type_, at=now, data=data))
         return self.publish(Event(run_id=run_id, seq=seq, type=type_, at=now, data=data))
+
+    # -- liveness, cancellation, reconciliation ----------------------------------------
+
+    def heartbeat(self, owned: dict[str, int]) -> set[str]:
+        """One bulk heartbeat for the runs this process executes (run id -> fence).
+
+        Returns the ids still owned: a run missing from the answer was closed or claimed
+        by someone else, and its executor must stop.
+        """
+        if not owned:
+            return set()
+        still_ours = or_(*(and_(Run.id == rid, Run.fence == fence) for rid, fence in owned.items()))
+        with self.db.write() as session:
+            rows = session.execute(
+                update(Run)
+                .where(
+                    still_ours, Run.status.in_([RunStatus.RUNNING.value, RunStatus.QUEUED.value])
+                )
+                .values(heartbeat_at=self.db.now())
+                .returning(Run.id)
+            ).scalars()
+            return set(rows)
+
+    def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
+        if not run_ids:
+            return set()
+        query = select(Run.id).where(Run.id.in_(run_ids), Run.cancel_requested_at.is_not(None))
+        with self.db.read() as session:
+            return set(session.scalars(query))
+
+    def request_cancel(self, runs: Sequence[Run]) -> list[str]:
+        """Persist the cancel request of every live run given (before anyone is told)."""
+        now = self.db.now()
+        marked: list[str] = []
+        events: list[Event] = []
+        with self.db.write() as session:
+            for run in runs:
+                changed = session.execute(
+                    update(Run)
+                    .where(
+                        Run.id == run.id, Run.status.in_(LIVE), Run.cancel_requested_at.is_(None)
+                    )
+                    .values(cancel_requested_at=now)
+                    .returning(Run.id)
+                ).scalar_one_or_none()
+                if changed is not None:
+                    marked.append(run.id)
+                    events.append(
+                        self.append_in(session, None, "CancelRequested", {}, run_id=run.id)
+                    )
+        for event in events:
+            self.publish(event)
+        return marked
+
+    def cancel_queued(self, run_id: str) -> bool:
+        """Close a run no worker claimed yet; its message, when delivered, is dropped."""
+        error = RunError("canceled", ErrorClass.CANCELLATION, "canceled before it started")
+        return (
+            self._close(run_id, RunStatus.QUEUED, None, RunStatus.CANCELED, error=error) is not None
+        )
+
+    def subtree(self, run: Run) -> list[Run]:
+        """The run and all its descendants, by parent links (breadth first)."""
+        found, frontier = [run], [run.id]
+        with self.db.read() as session:
+            while frontier:
+                children = list(session.scalars(select(Run).where(Run.parent_run_id.in_(frontier))))
+                found += children
+                frontier = [child.id for child in children]
+        return found
+
+    def orphans(self, now: datetime, threshold: timedelta, limit: int) -> list[Run]:
+        """`Running` runs, and `Queued` runs that heartbeated, silent for `threshold`."""
+        query = (
+            select(Run)
+            .where(
+                Run.status.in_([RunStatus.RUNNING.value, RunStatus.QUEUED.value]),
+                Run.heartbeat_at < now - threshold,
+            )
+            .order_by(Run.heartbeat_at)
+            .limit(limit)
+        )
+        with self.db.read() as session:
+            return list(session.scalars(query))
+
+    def close_orphan(
+        self, run: Run, status: RunStatus, error: RunError, silent_since: datetime
+    ) -> Event | None:
+        """Close a silent run, unless it heartbeated or changed hands since it was read."""
+        guard = [Run.fence == run.fence, Run.heartbeat_at < silent_since]
+        return self._close(
+            run.id, RunStatus(run.status), None, status, error=error, extra_guard=guard
+        )
 
     # -- reads -------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ def run_attempt(spec: ToolSpec, arguments: dict[str, Any], context: ToolContext)
         done.wait()
     finally:
         unregister()
-    if not future.done():
+    if signal.aborted:  # whatever the handler returns after the abort is not consumed
         future.cancel()
         raise _abort_error(spec, signal)
     return _result(spec, future)

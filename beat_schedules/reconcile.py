@@ -1,0 +1,70 @@
+"""Close runs left behind by a crash, and continue the ones that can be continued.
+
+`Running` runs (and `Queued` runs that wrote a heartbeat) silent for `OrphanThreshold` are
+closed: `Canceled` when a cancel was requested (never continued), else `Failed` with error
+type `orphaned`. Each close is guarded by the fence and the heartbeat it was read with, so
+a run that heartbeated meanwhile is left alone. Right after an orphaned root agent run
+closes, `RunContinuation` may start a new run in the same session.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from tracon_jobs.runs.continuation import continue_orphan
+from tracon_jobs.runs.lifecycle import ErrorClass, RunError, RunStatus
+
+if TYPE_CHECKING:
+    from tracon_jobs.db.models import Run
+    from tracon_jobs.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    orphaned: list[str] = field(default_factory=list)
+    canceled: list[str] = field(default_factory=list)
+    continued: dict[str, str] = field(default_factory=dict)  # orphan -> continuation
+
+
+def scan_once(runtime: Runtime, now: datetime) -> ReconcileResult:
+    config = runtime.settings.run_reconciliation
+    silent_since = now - config.orphan_threshold
+    result = ReconcileResult()
+    for run in runtime.runs.orphans(now, config.orphan_threshold, config.max_runs_per_scan):
+        if run.cancel_requested_at is not None:
+            _close_canceled(runtime, run, silent_since, result)
+        else:
+            _close_orphaned(runtime, run, silent_since, result)
+    return result
+
+
+def _close_canceled(
+    runtime: Runtime, run: Run, silent_since: datetime, result: ReconcileResult
+) -> None:
+    error = RunError(
+        "canceled", ErrorClass.CANCELLATION, "canceled; its process died before it stopped"
+    )
+    if runtime.runs.close_orphan(run, RunStatus.CANCELED, error, silent_since):
+        result.canceled.append(run.id)
+
+
+def _close_orphaned(
+    runtime: Runtime, run: Run, silent_since: datetime, result: ReconcileResult
+) -> None:
+    error = RunError(
+        "orphaned",
+        ErrorClass.INFRASTRUCTURE,
+        f"no heartbeat since {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC; its process is gone",
+    )
+    if not runtime.runs.close_orphan(run, RunStatus.FAILED, error, silent_since):
+        return
+    log.warning("run %s closed as orphaned", run.id)
+    result.orphaned.append(run.id)
+    continuation = continue_orphan(runtime, run)
+    if continuation is not None:
+        result.continued[run.id] = continuation

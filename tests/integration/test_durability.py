@@ -1,0 +1,441 @@
+"""Cancellation, heartbeats, reconciliation and continuation, in one process with real SQL
+and Redis; times are explicit (`scan_once(now)`), nothing sleeps for a deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import update
+
+from beat_schedules.reconcile import scan_once
+from tests import tools
+from tests.conftest import scripted_agent
+from tests.stub_provider import StubProvider, hang, reply, tool_call
+from tracon_jobs.db.models import Run, ToolCallRecord
+from tracon_jobs.runs.dispatch import RunDispatcher
+from tracon_jobs.runs.ledger import ToolOutcome
+from tracon_jobs.runs.lifecycle import ErrorClass, RunError, RunStatus
+from tracon_jobs.runs.live import TAKEN_AWAY
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runtime import Runtime
+from tracon_jobs.signal import AbortSignal
+from web import create_app
+
+RECONCILE = {
+    "Enabled": True,
+    "HeartbeatInterval": "00:00:00.200",
+    "OrphanThreshold": "00:00:05",
+    "ScanInterval": "00:00:01",
+}
+
+
+def new_run(runtime: Runtime, **fields: Any) -> Run:
+    tenant = runtime.tenants.ensure_tenant("acme")
+    return runtime.runs.create(NewRun(tenant, "demo", {"message": "go"}, **fields))
+
+
+def status(runtime: Runtime, run_id: str) -> str:
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    return run.status
+
+
+def event_types(runtime: Runtime, run_id: str) -> list[str]:
+    return [e.type for e in runtime.runs.events(run_id)]
+
+
+def set_heartbeat(runtime: Runtime, run_id: str, ago: timedelta, **values: Any) -> None:
+    with runtime.db.write() as session:
+        session.execute(
+            update(Run)
+            .where(Run.id == run_id)
+            .values(heartbeat_at=runtime.db.now() - ago, **values)
+        )
+
+
+# -- cancellation -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def web_runtime(
+    make_runtime: Callable[..., Runtime], sql_url: str, stub_provider: StubProvider
+) -> Runtime:
+    config = scripted_agent([], ["slow_step"])
+    config["Providers"] = {
+        "a": {"Kind": "openai", "BaseUrl": stub_provider.base_url, "TimeoutSeconds": 60}
+    }
+    config["Agents"]["demo"]["Model"] = {"provider": "a", "model": "gpt-a"}
+    runtime = make_runtime(sql_url, **config)
+
+    def worker_thread(run_id: str) -> None:
+        threading.Thread(target=runtime.executor.execute, args=(run_id,), daemon=True).start()
+
+    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, worker_thread)
+    return runtime
+
+
+@pytest.fixture
+def client(web_runtime: Runtime) -> tuple[FlaskClient, dict[str, str]]:
+    app = create_app(web_runtime, {"TESTING": True})
+    key = web_runtime.tenants.issue_key(web_runtime.tenants.ensure_tenant("acme")).secret
+    return app.test_client(), {"Authorization": f"Bearer {key}"}
+
+
+def submit_async(client: FlaskClient, headers: dict[str, str]) -> str:
+    response = client.post(
+        "/api/agents/demo/run",
+        json={"message": "go"},
+        headers={**headers, "Prefer": "respond-async"},
+    )
+    assert response.status_code == 202
+    return str(response.get_json()["runId"])
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 5) -> float:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout, "timed out"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_cancel_aborts_a_hanging_provider_call_within_a_second(
+    client: tuple[FlaskClient, dict[str, str]],
+    web_runtime: Runtime,
+    stub_provider: StubProvider,
+) -> None:
+    http, headers = client
+    stub_provider.default = hang(60, reply("too late"))
+    run_id = submit_async(http, headers)
+    wait_for(lambda: stub_provider.in_progress == 1)
+
+    response = http.post(f"/api/runs/{run_id}/cancel", headers=headers)
+    elapsed = wait_for(lambda: status(web_runtime, run_id) == "Canceled")
+
+    assert response.status_code == 202
+    assert elapsed < 1.0
+    wait_for(lambda: stub_provider.in_progress == 0)  # the connection was really closed
+    types = event_types(web_runtime, run_id)
+    assert "CancelRequested" in types and types[-1] == "RunCanceled"
+
+
+def test_cancel_reaches_a_running_tool_through_its_signal(
+    client: tuple[FlaskClient, dict[str, str]],
+    web_runtime: Runtime,
+    stub_provider: StubProvider,
+) -> None:
+    http, headers = client
+    stub_provider.enqueue(tool_call("slow_step", {"seconds": 60}))
+    run_id = submit_async(http, headers)
+    wait_for(lambda: "ToolCallStarted" in event_types(web_runtime, run_id))
+
+    assert http.post(f"/api/runs/{run_id}/cancel", headers=headers).status_code == 202
+
+    wait_for(lambda: status(web_runtime, run_id) == "Canceled", timeout=2)
+    failed = [e.data for e in web_runtime.runs.events(run_id) if e.type == "ToolCallFailed"]
+    assert failed and failed[0]["error"]["code"] == "CANCELLED"
+
+
+def test_cancel_a_queued_run_closes_it_and_its_message_is_dropped(
+    client: tuple[FlaskClient, dict[str, str]],
+    web_runtime: Runtime,
+) -> None:
+    http, headers = client
+    web_runtime.__dict__["dispatcher"] = RunDispatcher(web_runtime.runs, lambda run_id: None)
+    run_id = submit_async(http, headers)
+
+    assert http.post(f"/api/runs/{run_id}/cancel", headers=headers).status_code == 202
+
+    assert status(web_runtime, run_id) == "Canceled"
+    assert web_runtime.executor.execute(run_id) == "dropped"
+    assert http.post(f"/api/runs/{run_id}/cancel", headers=headers).status_code == 409
+
+
+def test_cancel_is_404_for_unknown_and_other_tenants_runs(
+    client: tuple[FlaskClient, dict[str, str]],
+    web_runtime: Runtime,
+) -> None:
+    http, headers = client
+    web_runtime.__dict__["dispatcher"] = RunDispatcher(web_runtime.runs, lambda run_id: None)
+    run_id = submit_async(http, headers)
+    other = web_runtime.tenants.issue_key(web_runtime.tenants.ensure_tenant("globex")).secret
+
+    assert http.post("/api/runs/nope/cancel", headers=headers).status_code == 404
+    assert (
+        http.post(
+            f"/api/runs/{run_id}/cancel", headers={"Authorization": f"Bearer {other}"}
+        ).status_code
+        == 404
+    )
+    assert status(web_runtime, run_id) == "Queued"
+
+
+def test_canceling_a_root_cancels_descendants_but_a_child_touches_nobody_else(
+    client: tuple[FlaskClient, dict[str, str]],
+    web_runtime: Runtime,
+) -> None:
+    http, headers = client
+    root = new_run(web_runtime)
+    child = new_run(web_runtime, parent_run_id=root.id, root_run_id=root.id, depth=1)
+    sibling = new_run(web_runtime, parent_run_id=root.id, root_run_id=root.id, depth=1)
+    grandchild = new_run(web_runtime, parent_run_id=child.id, root_run_id=root.id, depth=2)
+
+    assert http.post(f"/api/runs/{sibling.id}/cancel", headers=headers).status_code == 202
+    assert [status(web_runtime, r.id) for r in (root, child, sibling, grandchild)] == [
+        "Queued",
+        "Queued",
+        "Canceled",
+        "Queued",
+    ]
+
+    assert http.post(f"/api/runs/{root.id}/cancel", headers=headers).status_code == 202
+    assert {status(web_runtime, r.id) for r in (root, child, grandchild)} == {"Canceled"}
+
+
+# -- heartbeats -------------------------------------------------------------------------
+
+
+def test_a_heartbeat_that_changes_no_row_stops_the_executor(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+) -> None:
+    runtime = make_runtime(
+        sqlite_url, RunReconciliation=RECONCILE, **scripted_agent([{"Text": "hi"}])
+    )
+    run = new_run(runtime)
+    claim = runtime.runs.claim(run.id, "me")
+    assert claim is not None
+    signal = AbortSignal()
+    runtime.live_runs.register(claim, signal)
+    with runtime.db.write() as session:  # another owner claimed it meanwhile
+        session.execute(update(Run).where(Run.id == run.id).values(fence=Run.fence + 1))
+
+    runtime.live_runs.tick(heartbeat_due=True)
+
+    assert signal.aborted and signal.reason == TAKEN_AWAY
+    runtime.live_runs.unregister(run.id)
+
+
+def test_heartbeats_are_written_for_running_runs(
+    make_runtime: Callable[..., Runtime],
+    sql_url: str,
+) -> None:
+    runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
+    run = new_run(runtime)
+    claim = runtime.runs.claim(run.id, "me")
+    assert claim is not None
+    set_heartbeat(runtime, run.id, timedelta(minutes=10))
+
+    assert runtime.runs.heartbeat({run.id: claim.fence}) == {run.id}
+
+    fresh = runtime.runs.get(run.id)
+    assert fresh is not None and fresh.heartbeat_at is not None
+    assert runtime.db.now() - fresh.heartbeat_at < timedelta(seconds=5)
+
+
+# -- reconciliation ----------------------------------------------------------------------
+
+
+def test_scan_closes_silent_running_runs_as_orphaned(
+    make_runtime: Callable[..., Runtime],
+    sql_url: str,
+) -> None:
+    runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
+    silent, alive, queued_old = new_run(runtime), new_run(runtime), new_run(runtime)
+    for run in (silent, alive):
+        assert runtime.runs.claim(run.id, "dead-worker") is not None
+    set_heartbeat(runtime, silent.id, timedelta(minutes=10))
+
+    result = scan_once(runtime, runtime.db.now())
+
+    assert result.orphaned == [silent.id]
+    closed = runtime.runs.get(silent.id)
+    assert closed is not None and (closed.status, closed.error_type, closed.error_class) == (
+        "Failed",
+        "orphaned",
+        "Infrastructure",
+    )
+    assert event_types(runtime, silent.id)[-1] == "RunFailed"
+    assert status(runtime, alive.id) == "Running"
+    assert status(runtime, queued_old.id) == "Queued", "Queued work without a heartbeat stays"
+
+
+def test_scan_closes_a_queued_run_that_heartbeated(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+) -> None:
+    runtime = make_runtime(sqlite_url, RunReconciliation=RECONCILE, **scripted_agent([]))
+    waiting = new_run(runtime)
+    set_heartbeat(runtime, waiting.id, timedelta(minutes=10))
+
+    assert scan_once(runtime, runtime.db.now()).orphaned == [waiting.id]
+
+
+def test_scan_closes_a_canceled_orphan_as_canceled_and_never_continues_it(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+) -> None:
+    runtime = make_runtime(
+        sqlite_url,
+        RunReconciliation=RECONCILE,
+        RunContinuation={"Enabled": True},
+        **scripted_agent([]),
+    )
+    run = new_run(runtime, session_id="s1")
+    assert runtime.runs.claim(run.id, "dead-worker") is not None
+    set_heartbeat(runtime, run.id, timedelta(minutes=10), cancel_requested_at=runtime.db.now())
+
+    result = scan_once(runtime, runtime.db.now())
+
+    assert result.canceled == [run.id] and result.continued == {}
+    assert status(runtime, run.id) == "Canceled"
+
+
+def test_scan_respects_max_runs_per_scan(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+) -> None:
+    runtime = make_runtime(
+        sqlite_url, RunReconciliation={**RECONCILE, "MaxRunsPerScan": 2}, **scripted_agent([])
+    )
+    runs = [new_run(runtime) for _ in range(3)]
+    for run in runs:
+        runtime.runs.claim(run.id, "dead")
+        set_heartbeat(runtime, run.id, timedelta(minutes=10))
+
+    first = scan_once(runtime, runtime.db.now())
+    second = scan_once(runtime, runtime.db.now())
+
+    assert len(first.orphaned) == 2 and len(second.orphaned) == 1
+
+
+def test_a_run_that_beats_after_the_scan_read_it_is_not_closed(
+    make_runtime: Callable[..., Runtime],
+    sql_url: str,
+) -> None:
+    runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
+    run = new_run(runtime)
+    claim = runtime.runs.claim(run.id, "slow-but-alive")
+    assert claim is not None
+    set_heartbeat(runtime, run.id, timedelta(minutes=10))
+    now = runtime.db.now()
+    [candidate] = runtime.runs.orphans(now, timedelta(seconds=5), 10)
+
+    runtime.runs.heartbeat({run.id: claim.fence})  # it beats between the read and the close
+    closed = runtime.runs.close_orphan(
+        candidate,
+        RunStatus.FAILED,
+        RunError("orphaned", ErrorClass.INFRASTRUCTURE, "x"),
+        now - timedelta(seconds=5),
+    )
+
+    assert closed is None and status(runtime, run.id) == "Running"
+
+
+# -- continuation ------------------------------------------------------------------------
+
+STEPS = [
+    {"ToolCalls": [{"Name": "record_step", "Arguments": {"step": "A"}}]},
+    {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 0}}]},
+    {"Text": "all done"},
+]
+
+
+def orphan_midway(runtime: Runtime, tool: str = "slow_step", **fields: Any) -> Run:
+    """A run that completed `record_step` and died with `tool` in flight."""
+    run = new_run(runtime, session_id="s1", **fields)
+    claim = runtime.runs.claim(run.id, "dead-worker")
+    assert claim is not None
+    done = runtime.executor.ledger.start(claim, 0, "call_0_0", "record_step", {"step": "A"})
+    runtime.executor.ledger.finish(
+        claim, done, "record_step", ToolOutcome(ok=True, result="recorded A")
+    )
+    runtime.executor.ledger.start(claim, 1, "call_1_0", tool, {"seconds": 0})
+    set_heartbeat(runtime, run.id, timedelta(minutes=10))
+    return run
+
+
+def continuation_runtime(
+    make_runtime: Callable[..., Runtime], url: str, **continuation: Any
+) -> Runtime:
+    runtime = make_runtime(
+        url,
+        RunReconciliation=RECONCILE,
+        RunContinuation={"Enabled": True, **continuation},
+        **scripted_agent(STEPS, ["record_step", "slow_step", "wipe_records"]),
+    )
+    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
+    return runtime
+
+
+def test_continuation_answers_completed_calls_and_reruns_the_one_in_flight_with_its_key(
+    make_runtime: Callable[..., Runtime],
+    sql_url: str,
+) -> None:
+    runtime = continuation_runtime(make_runtime, sql_url)
+    orphan = orphan_midway(runtime)
+    steps_before = [c for c in tools.calls if c[0] == "record_step"]
+
+    result = scan_once(runtime, runtime.db.now())
+    continuation_id = result.continued[orphan.id]
+    assert runtime.executor.execute(continuation_id) == "Completed"
+
+    continuation = runtime.runs.get(continuation_id)
+    assert continuation is not None
+    assert continuation.continued_from_run_id == orphan.id and continuation.attempt == 2
+    assert continuation.session_id == "s1" and continuation.output == {"text": "all done"}
+    assert [c for c in tools.calls if c[0] == "record_step"] == steps_before, "not rerun"
+    assert "ToolCallAnsweredFromLedger" in event_types(runtime, continuation_id)
+    assert "RunContinued" in event_types(runtime, orphan.id)
+    with runtime.db.read() as session:
+        keys = {
+            r.run_id: r.idempotency_key
+            for r in session.query(ToolCallRecord).filter(ToolCallRecord.tool == "slow_step")
+        }
+    assert keys[continuation_id] == keys[orphan.id], "the in-flight call keeps its key"
+
+
+def test_a_destructive_call_in_flight_blocks_continuation(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+) -> None:
+    runtime = continuation_runtime(make_runtime, sqlite_url)
+    orphan = orphan_midway(runtime, tool="wipe_records")
+
+    result = scan_once(runtime, runtime.db.now())
+
+    assert result.continued == {} and status(runtime, orphan.id) == "Failed"
+    blocked = [e.data for e in runtime.runs.events(orphan.id) if e.type == "RunContinuationBlocked"]
+    assert blocked[0]["tool"] == "wipe_records" and blocked[0]["sideEffect"] == "destructive"
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"session_id": None}, "no session"),
+        ({"parent_run_id": "parent", "depth": 1}, "sub-run"),
+        ({"kind": "workflow"}, "/api/workflows/runs/"),
+        ({"attempt": 2}, "MaxAttempts"),
+    ],
+)
+def test_continuation_is_refused_with_a_reason(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+    fields: dict[str, Any],
+    reason: str,
+) -> None:
+    runtime = continuation_runtime(make_runtime, sqlite_url)
+    run = new_run(runtime, **({"session_id": "s1"} | fields))
+    assert runtime.runs.claim(run.id, "dead") is not None
+    set_heartbeat(runtime, run.id, timedelta(minutes=10))
+
+    assert scan_once(runtime, runtime.db.now()).continued == {}
+
+    blocked = [e.data for e in runtime.runs.events(run.id) if e.type == "RunContinuationBlocked"]
+    assert reason in blocked[0]["reason"]
