@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tracon_jobs.agents.tools import ToolRegistry
 from tracon_jobs.agents.tools import registry as default_tools
@@ -48,8 +51,13 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.db = Database(settings.database.url, pool_size=settings.worker.concurrency + 5)
+        # One quick retry, not redis-py's default backoff: an unreachable Redis must not
+        # stall a provider call for seconds before `OnStoreUnavailable` decides.
         self.redis = redis.Redis.from_url(
-            settings.redis.url, health_check_interval=30, socket_connect_timeout=5
+            settings.redis.url,
+            health_check_interval=30,
+            socket_connect_timeout=2,
+            retry=Retry(NoBackoff(), 1),
         )
         self.feed = feed or RedisEventFeed(self.redis)
         self.runs = RunStore(self.db, self.feed)
@@ -57,6 +65,7 @@ class Runtime:
         self.providers = ProviderRegistry(settings.providers)
         self.tools = tools or default_tools
         self.owner_id = settings.singleton_execution.resolved_owner_id()
+        self.draining = threading.Event()  # set once a graceful stop began
         import_tool_modules(settings.tool_modules)
         check_agent_tools(settings, self.tools)
 
@@ -127,7 +136,7 @@ class Runtime:
         return RunDispatcher(self.runs, celery_sender(self.celery))
 
     def close(self) -> None:
-        for service in ("live_runs", "cancel_bus"):
+        for service in ("live_runs", "cancel_bus", "slots"):
             if service in self.__dict__:
                 self.__dict__[service].stop()
         self.providers.close_all()

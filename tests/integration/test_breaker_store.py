@@ -398,7 +398,7 @@ def unreachable() -> Iterator[RedisBreakerStore]:
 
 
 def test_disabled_breaker_lets_everything_through_without_the_store() -> None:
-    breaker = CircuitBreaker(UntouchableStore(), LONG, enabled=False)  # type: ignore[arg-type]
+    breaker = CircuitBreaker(UntouchableStore(), LONG, enabled=False)
     for _ in range(LONG.threshold + 2):
         ticket = breaker.admit(P)
         assert not ticket.tracked

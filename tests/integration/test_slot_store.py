@@ -21,8 +21,8 @@ from tracon_jobs.resilience import concurrency
 from tracon_jobs.resilience.concurrency import (
     MemorySlotStore,
     RedisSlotStore,
-    SlotStore,
     Slots,
+    SlotStore,
     SlotUsage,
 )
 from tracon_jobs.signal import AbortSignal
@@ -185,7 +185,7 @@ class UntouchableStore:
 
 
 def test_no_limit_makes_no_store_call() -> None:
-    slots = Slots(UntouchableStore(), None, LEASE)  # type: ignore[arg-type]
+    slots = Slots(UntouchableStore(), None, LEASE)
     for _ in range(3):
         with slots.hold(P, AbortSignal()):
             pass
@@ -252,11 +252,11 @@ def test_usage_ignores_a_holder_whose_lease_ended(redis_store: RedisSlotStore) -
 
 
 def test_a_live_holder_keeps_its_slot_past_the_lease(redis_store: RedisSlotStore) -> None:
-    # Given a holder inside Slots.hold with a 300 ms lease, renewed in the background
-    slots = Slots(redis_store, 1, 300)
+    # Given a holder inside Slots.hold with a 1 s lease, renewed in the background
+    slots = Slots(redis_store, 1, 1000)
     with slots.hold(P, AbortSignal()):
         # When three leases' worth of time passes
-        deadline = time.monotonic() + 0.9
+        deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
             # Then nobody else gets the slot
             assert not acquire(redis_store, "other")
@@ -267,8 +267,8 @@ def test_a_live_holder_keeps_its_slot_past_the_lease(redis_store: RedisSlotStore
 def test_a_waiter_that_stopped_polling_is_dropped(
     redis_store: RedisSlotStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given waiter leases of 200 ms, a holder, a waiter that crashed, and a live waiter
-    monkeypatch.setattr(concurrency, "WAITER_LEASE_MS", 200)
+    # Given waiter leases of 300 ms, a holder, a waiter that crashed, and a live waiter
+    monkeypatch.setattr(concurrency, "WAITER_LEASE_MS", 300)
     assert acquire(redis_store, "holder")
     assert not acquire(redis_store, "crashed-waiter")
     assert not acquire(redis_store, "alive")
@@ -278,3 +278,16 @@ def test_a_waiter_that_stopped_polling_is_dropped(
     # Then the crashed waiter's place expires and the live one gets the slot
     eventually(lambda: acquire(redis_store, "alive"), "the live waiter got the slot")
     assert redis_store.usage(P) == (1, 0)
+
+
+def test_usage_ignores_a_waiter_that_stopped_polling(
+    redis_store: RedisSlotStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given waiter leases of 300 ms, a live holder and a waiter that crashed while queued
+    monkeypatch.setattr(concurrency, "WAITER_LEASE_MS", 300)
+    assert acquire(redis_store, "holder")
+    assert not acquire(redis_store, "crashed-waiter")
+    assert redis_store.usage(P) == (1, 1)
+    # Then once its waiter lease ends it is no longer reported as waiting, as an expired
+    # holder is no longer reported in use, even while no other caller polls this provider
+    eventually(lambda: redis_store.usage(P) == (1, 0), "the crashed waiter left usage")

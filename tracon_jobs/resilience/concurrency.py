@@ -73,14 +73,15 @@ class RedisSlotStore:
         return int(self.scripts("slot_renew", self.keys(provider)[:1], [lease_ms, *tokens]))
 
     def usage(self, provider: str) -> tuple[int, int]:
-        holders, queue, _waiters, _tickets = self.keys(provider)
+        holders, _queue, waiters, _tickets = self.keys(provider)
         pipe = self.client.pipeline(transaction=False)
         pipe.time()
         pipe.zrange(holders, 0, -1, withscores=True)
-        pipe.zcard(queue)
+        pipe.zrange(waiters, 0, -1, withscores=True)
         (seconds, micros), held, waiting = pipe.execute()
         now = int(seconds) * 1000 + int(micros) // 1000
-        return sum(1 for _token, until in held if until > now), int(waiting)
+        live = sum(1 for _token, until in held if until > now)
+        return live, sum(1 for _token, until in waiting if until > now)
 
 
 class MemorySlotStore:
@@ -132,6 +133,10 @@ class Slots:
         self._held: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._renewer: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
 
     @contextlib.contextmanager
     def hold(self, provider: str, signal: AbortSignal) -> Iterator[None]:
@@ -192,8 +197,7 @@ class Slots:
             self._held.get(provider, set()).discard(token)
 
     def _renew_forever(self) -> None:
-        while True:
-            threading.Event().wait(self.lease_ms / 3000)
+        while not self._stopped.wait(self.lease_ms / 3000):
             with self._lock:
                 held = {p: list(tokens) for p, tokens in self._held.items() if tokens}
             for provider, tokens in held.items():
