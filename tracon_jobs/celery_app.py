@@ -21,6 +21,7 @@ from beat_schedules.schedule import (
     RECONCILE_TASK,
     REQUEUE_TASK,
 )
+from tracon_jobs.drain import install_worker_drain
 from tracon_jobs.runs.dispatch import EXECUTE_TASK, RUNS_QUEUE
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def create_celery(runtime: Runtime) -> Celery:
     )
     app.tracon = runtime
     register_tasks(app, runtime)
+    install_worker_drain(app, runtime, [RUNS_QUEUE, CONTROL_QUEUE])
     return app
 
 

@@ -14,6 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+
+from tracon_jobs.drain import clear_web_drain, start_web_drain
 from tracon_jobs.errors import ConfigurationError
 from tracon_jobs.settings import Settings, load_settings
 
@@ -58,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--bind", default=os.environ.get("TRACON_WEB_BIND", "127.0.0.1:8000"))
     web.add_argument("--workers", type=int, default=int(os.environ.get("TRACON_WEB_WORKERS", 2)))
     web.add_argument("--threads", type=int, default=int(os.environ.get("TRACON_WEB_THREADS", 32)))
+    command("drain", cmd_drain, "make the web node on this host refuse new runs (503)")
     command("circuits", cmd_circuits, "show each provider's circuit and concurrency slots")
     command("worker", cmd_worker, "run a Celery worker (extra args go to celery)", True)
     command("beat", cmd_beat, "run Celery beat (the periodic services)", True)
@@ -129,10 +134,21 @@ def cmd_migrate(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _runtime_settings() -> Settings:
+    return load_settings()
+
+
+def cmd_drain(args: argparse.Namespace, rest: list[str]) -> int:
+    path = start_web_drain()
+    print(f"draining: new runs on this node get 503 until it stops (flag {path})")
+    return 0
+
+
 def cmd_web(args: argparse.Namespace, rest: list[str]) -> int:
-    from gunicorn.app.base import BaseApplication
 
     _runtime().close()  # fail at startup (settings, tool modules), not in the first request
+
+    drain = _runtime_settings().drain
 
     class WebApplication(BaseApplication):
         def load_config(self) -> None:
@@ -149,8 +165,34 @@ def cmd_web(args: argparse.Namespace, rest: list[str]) -> int:
 
             return create_app()
 
-    WebApplication().run()
+    clear_web_drain()  # a flag left by an earlier stop must not make a new node refuse
+    DrainingArbiter.drain_seconds = drain.timeout.total_seconds() if drain.enabled else None
+    DrainingArbiter(WebApplication()).run()
     return 0
+
+
+class DrainingArbiter(Arbiter):
+    """gunicorn closes its listener on SIGTERM; while draining it must still answer 503.
+
+    With `Drain.Enabled`, the first SIGTERM only starts draining (the flag every web process
+    reads), and the stop proper begins once `Drain.Timeout` has passed.
+    """
+
+    drain_seconds: float | None = None
+    drain_deadline: float | None = None
+
+    def handle_term(self) -> None:
+        if self.drain_seconds is None or self.drain_deadline is not None:
+            raise StopIteration
+        start_web_drain()
+        self.drain_deadline = time.monotonic() + self.drain_seconds
+        self.log.info("draining for %.1fs before stopping", self.drain_seconds)
+
+    def manage_workers(self) -> None:
+        if self.drain_deadline is not None and time.monotonic() >= self.drain_deadline:
+            clear_web_drain()
+            raise StopIteration
+        super().manage_workers()
 
 
 def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:

@@ -16,7 +16,7 @@ from tracon_jobs.settings import load_settings
 
 
 def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | None = None) -> Flask:
-    from web import health, openai_compat, openapi, operations, problems, runs
+    from web import draining, health, openai_compat, openapi, operations, problems, runs
 
     app = Flask(__name__)
     app.config.update(SSE_KEEPALIVE_SECONDS=15.0, JSON_SORT_KEYS=False)
@@ -24,6 +24,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
         app.config.update(test_config)
     app.extensions["tracon"] = runtime or Runtime(load_settings())
     problems.init_app(app)
+    draining.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(runs.bp)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from web.draining import is_draining
 from web.extensions import runtime
 
 bp = Blueprint("health", __name__)
@@ -19,7 +20,7 @@ def healthz() -> Response:
 @bp.get("/readyz")
 def readyz() -> tuple[Response, int]:
     checks = {"sql": _check_sql(), "redis": _check_redis()}
-    draining = bool(current_app.config.get("TRACON_DRAINING"))
+    draining = is_draining()
     ready = all(checks.values()) and not draining
     body = {"status": "ready" if ready else "unavailable", "checks": checks, "draining": draining}
     return jsonify(body), 200 if ready else 503

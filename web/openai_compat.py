@@ -206,9 +206,11 @@ def ended(run_id: str) -> Run:
 # -- errors in OpenAI's shape ---------------------------------------------------------
 
 
-def openai_error(status: int, message: str, code: str | None, param: str | None) -> Response:
+def openai_error(
+    status: int, message: str, code: str | None, param: str | None, type_: str | None = None
+) -> Response:
     default = "invalid_request_error" if status < 500 else "server_error"
-    body = error_body(message, ERROR_TYPES.get(status, default), code, param)
+    body = error_body(message, type_ or ERROR_TYPES.get(status, default), code, param)
     response = jsonify(body)
     response.status_code = status
     return response
@@ -217,7 +219,13 @@ def openai_error(status: int, message: str, code: str | None, param: str | None)
 @bp.errorhandler(Problem)
 def _problem(problem: Problem) -> Response:
     code = problem.extra.get("code") or ERROR_CODES.get(problem.status)
-    response = openai_error(problem.status, problem.detail, code, problem.extra.get("field"))
+    response = openai_error(
+        problem.status,
+        problem.detail,
+        code,
+        problem.extra.get("field"),
+        problem.extra.get("openai_type"),
+    )
     response.headers.update(problem.headers)
     return response
 

@@ -33,7 +33,7 @@ class Problem(Exception):
             "title": self.title,
             "status": self.status,
             "detail": self.detail,
-            **self.extra,
+            **{key: value for key, value in self.extra.items() if not key.startswith("openai_")},
         }
         response = Response(
             json.dumps(body), status=self.status, mimetype="application/problem+json"

@@ -101,6 +101,9 @@ class RunExecutor:
 
     def execute(self, run_id: str) -> str:
         """Claim and run `run_id`; what happened, for logs and tests."""
+        if self.rt.draining.is_set():  # left Queued: the requeue scan sends it elsewhere
+            log.info("draining: run %s not claimed", run_id)
+            return "draining"
         claim = self.rt.runs.claim(run_id, self.rt.owner_id)
         if claim is None:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)

@@ -1,0 +1,116 @@
+"""Graceful stops: refuse new runs, give in-flight runs `Drain.Timeout`, then exit.
+
+Worker: Celery's own warm shutdown waits for tasks forever and its SIGTERM handler cannot
+be bounded, so once the worker is ready we take SIGTERM over. With `Drain.Enabled` the
+worker stops consuming, waits for its executing runs up to the timeout, then lets Celery
+finish a warm shutdown (unstarted messages go back to the broker) or, with runs still
+stuck, exits hard and leaves them to reconciliation. Without drain it exits at once.
+
+Web: draining is a flag file (`TRACON_DRAIN_FILE`, default `var/drain`) that the web
+processes read on every run-starting request; SIGTERM to the gunicorn arbiter, or
+`tracon-jobs drain`, creates it, and the listener stays open for `Drain.Timeout` so the
+node can answer 503 while the load balancer moves away.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+from celery.signals import worker_ready
+
+if TYPE_CHECKING:
+    from tracon_jobs.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+DRAIN_FILE_ENV = "TRACON_DRAIN_FILE"
+DEFAULT_DRAIN_FILE = "var/drain"
+
+
+def drain_file() -> Path:
+    return Path(os.environ.get(DRAIN_FILE_ENV, DEFAULT_DRAIN_FILE))
+
+
+def web_draining() -> bool:
+    return drain_file().exists()
+
+
+def start_web_drain() -> Path:
+    path = drain_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(os.getpid()))
+    return path
+
+
+def clear_web_drain() -> None:
+    drain_file().unlink(missing_ok=True)
+
+
+# -- worker --------------------------------------------------------------------------------
+
+
+def install_worker_drain(app: Celery, runtime: Runtime, queues: list[str]) -> None:
+    """Take SIGTERM over once this app's worker is ready (signal handlers: main thread)."""
+
+    def on_ready(sender: Any = None, **_kwargs: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("worker not in the main thread; SIGTERM keeps Celery's handler")
+            return
+        hostname = str(getattr(sender, "hostname", ""))
+        signal.signal(signal.SIGTERM, lambda *_: on_term(app, runtime, hostname, queues))
+
+    worker_ready.connect(on_ready, weak=False)
+
+
+def on_term(app: Celery, runtime: Runtime, hostname: str, queues: list[str]) -> None:
+    config = runtime.settings.drain
+    if not config.enabled:
+        log.warning("SIGTERM: exiting at once (Drain disabled); runs in flight are cut off")
+        os._exit(0)
+    if runtime.draining.is_set():
+        return
+    runtime.draining.set()
+    timeout = config.timeout.total_seconds()
+    log.warning("SIGTERM: draining for up to %.1fs", timeout)
+    threading.Thread(
+        target=_drain_then_exit,
+        args=(app, runtime, hostname, queues, timeout),
+        daemon=True,
+        name="drain",
+    ).start()
+
+
+def _drain_then_exit(
+    app: Celery, runtime: Runtime, hostname: str, queues: list[str], timeout: float
+) -> None:
+    _stop_consuming(app, hostname, queues)
+    deadline = time.monotonic() + timeout
+    while runtime.live_runs.snapshot() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = runtime.live_runs.snapshot()
+    if left:
+        log.error("drain timeout: cutting off %d runs (reconciliation closes them)", len(left))
+        os._exit(1)
+    log.warning("drained; stopping")
+    from celery.worker import state
+
+    state.should_stop = 0  # Celery's warm shutdown: nothing runs, unstarted messages return
+    time.sleep(10)
+    os._exit(0)  # a warm shutdown that hangs must not block a deployment
+
+
+def _stop_consuming(app: Celery, hostname: str, queues: list[str]) -> None:
+    try:
+        for queue in queues:
+            app.control.cancel_consumer(queue, destination=[hostname])
+    except Exception as exc:  # the executor refuses new claims anyway
+        log.warning("could not stop consuming while draining: %s", exc)
