@@ -94,3 +94,20 @@ def wipe_records(seconds: float, *, context: ToolContext) -> str:
     _append("wipe_records", context.idempotency_key)
     context.signal.wait(seconds)
     return "wiped"
+
+
+flaky_attempts: dict[str, list[str]] = {}
+
+
+@tool(side_effect="read", retry={"max_attempts": 2, "backoff_ms": 10})
+def flaky_read(key: str, *, context: ToolContext) -> str:
+    """Fails once per key (retryable), then answers."""
+    from tracon_jobs.errors import RetryableToolError
+
+    with _lock:
+        seen = flaky_attempts.setdefault(key, [])
+        seen.append(context.idempotency_key)
+        first = len(seen) == 1
+    if first:
+        raise RetryableToolError("the upstream hiccupped")
+    return f"value of {key}"

@@ -86,6 +86,7 @@ class ToolError(TraconError):
 
     code = "EXECUTION_FAILED"
     retryable = False
+    attempts = 1  # how many attempts the execution made before it ended with this error
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)

@@ -213,3 +213,34 @@ def test_max_turns_fails_the_run(make_runtime: Callable[..., Runtime], sqlite_ur
     run = runtime.runs.get(run_id)
     assert run is not None and run.error_type == "max_turns_exceeded"
     assert event_types(runtime, run_id).count("ToolCallCompleted") == 3
+
+
+def test_runtime_retries_keep_the_key_and_a_new_model_call_gets_a_new_one(
+    make_runtime: Callable[..., Runtime], sqlite_url: str
+) -> None:
+    from tests import tools
+
+    script = [
+        {"ToolCalls": [{"Name": "flaky_read", "Arguments": {"key": "k-retry"}}]},
+        {"ToolCalls": [{"Name": "flaky_read", "Arguments": {"key": "k-retry"}}]},
+        {"Text": "done"},
+    ]
+    runtime = make_runtime(sqlite_url, **scripted_agent(script, ["flaky_read"]))
+    run_id = submit(runtime)
+
+    assert runtime.executor.execute(run_id) == "Completed"
+
+    keys = tools.flaky_attempts["k-retry"]
+    assert len(keys) == 3 and keys[0] == keys[1] != keys[2]
+    events = runtime.runs.events(run_id)
+    retried = [e.data for e in events if e.type == "CapabilityRetried"]
+    assert retried == [
+        {
+            "tool": "flaky_read",
+            "executionId": retried[0]["executionId"],
+            "attempt": 2,
+            "previousError": "EXECUTION_FAILED",
+        }
+    ]
+    completed = [e.data["attempts"] for e in events if e.type == "ToolCallCompleted"]
+    assert completed == [2, 1]

@@ -13,6 +13,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal, get_args, get_origin
 
 from tracon_jobs.errors import ToolError, ToolRegistrationError
@@ -44,6 +45,11 @@ class ToolContext:
     idempotency_key: str
     attempt: int
     signal: AbortSignal
+    report_usage: Callable[[Decimal | float, str], None] = field(
+        default=lambda _amount, _currency: None
+    )
+    """Report spend beyond tokens (`context.report_usage(0.02, "USD")`); it counts against
+    `AgentGraph.MaxTotalCost` when the currency is `Pricing.Currency`."""
 
     @property
     def cancelled(self) -> bool:

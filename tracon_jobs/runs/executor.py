@@ -40,8 +40,8 @@ from tracon_jobs.runs.continuation import ChainLedger, chain_ledger
 from tracon_jobs.runs.ledger import Ledger, ToolOutcome, arguments_hash
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import CANCELED, TAKEN_AWAY
+from tracon_jobs.runs.retries import Sleep, run_with_retries
 from tracon_jobs.runs.store import TurnSpend
-from tracon_jobs.runs.toolrunner import run_attempt
 from tracon_jobs.signal import AbortSignal
 
 if TYPE_CHECKING:
@@ -95,9 +95,10 @@ class Execution:
 
 
 class RunExecutor:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, sleep: Sleep | None = None) -> None:
         self.rt = runtime
         self.ledger = Ledger(runtime.runs)
+        self.sleep = sleep  # retry backoff; tests pass one that records instead of waiting
 
     def execute(self, run_id: str) -> str:
         """Claim and run `run_id`; what happened, for logs and tests."""
@@ -441,15 +442,27 @@ class RunExecutor:
             execution_id=execution_id,
             idempotency_key=key,
             attempt=1,
-            signal=ex.signal.child(timeout=spec.timeout_ms / 1000),
+            signal=ex.signal,
         )
+
+        def announce_retry(attempt: int, error: ToolError) -> None:
+            data = {
+                "tool": spec.name,
+                "executionId": execution_id,
+                "attempt": attempt,
+                "previousError": error.code,
+            }
+            self.rt.runs.append(ex.claim, "CapabilityRetried", data)
+
         try:
-            result = run_attempt(spec, arguments, context)
+            done = run_with_retries(
+                spec, arguments, context, on_retry=announce_retry, sleep=self.sleep
+            )
         except ToolError as exc:
-            return ToolOutcome(ok=False, error_code=exc.code, error_message=str(exc))
-        finally:
-            context.signal.abort("done")
-        return ToolOutcome(ok=True, result=result)
+            return ToolOutcome(
+                ok=False, error_code=exc.code, error_message=str(exc), attempts=exc.attempts
+            )
+        return ToolOutcome(ok=True, result=done.result, attempts=done.attempts)
 
 
 def stopped(signal: AbortSignal) -> RunCancelled | RunTakenAway:
