@@ -26,6 +26,7 @@ from tracon_jobs.db import Database
 from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisBreakerStore
+from tracon_jobs.resilience.budgets import RedisBudgetStore
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
 from tracon_jobs.runs.live import LiveRuns
 from tracon_jobs.runs.store import RunStore
@@ -99,6 +100,10 @@ class Runtime:
             config.max_concurrent_calls_per_provider,
             _ms(config.slot_lease),
         )
+
+    @cached_property
+    def budgets(self) -> RedisBudgetStore:
+        return RedisBudgetStore(self.redis)
 
     @cached_property
     def cancel_bus(self) -> RedisCancelBus:

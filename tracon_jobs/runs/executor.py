@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.agents.tools import ToolContext, ToolSpec
@@ -35,7 +36,9 @@ from tracon_jobs.errors import (
 from tracon_jobs.pricing import price
 from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, Provider, ToolCall
 from tracon_jobs.resilience.breaker import Admission, Ticket, Transition
+from tracon_jobs.resilience.budgets import Limits
 from tracon_jobs.resilience.classify import classify
+from tracon_jobs.runs.budget import TreeBudget, open_budget
 from tracon_jobs.runs.continuation import ChainLedger, chain_ledger
 from tracon_jobs.runs.ledger import Ledger, ToolOutcome, arguments_hash
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
@@ -92,6 +95,7 @@ class Execution:
     next_call: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     chain: ChainLedger = field(default_factory=ChainLedger)  # what a continued run recorded
+    budget: TreeBudget | None = None
 
 
 class RunExecutor:
@@ -165,7 +169,13 @@ class RunExecutor:
         tools = self._resolve_tools(agent)
         first_call = self.ledger.next_turn(run.id)
         chain = chain_ledger(self.rt, run)
-        return Execution(claim, run, agent, tools, signal, first_call, first_call, chain=chain)
+        limits = Limits.from_settings(self.rt.settings.agent_graph)
+        budget = open_budget(
+            self.rt.budgets, self.rt.db, limits, run, self.rt.settings.pricing.currency
+        )
+        return Execution(
+            claim, run, agent, tools, signal, first_call, first_call, chain=chain, budget=budget
+        )
 
     def _resolve_tools(self, agent: AgentSettings) -> dict[str, ToolSpec]:
         tools: dict[str, ToolSpec] = {}
@@ -305,15 +315,30 @@ class RunExecutor:
             max_output_tokens=binding.max_output_tokens,
             response_format=binding.response_format,
         )
+        reserved = self._budget_for_model_call(ex, messages)
         self.rt.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
         try:
             with self.rt.slots.hold(link.provider_name, ex.signal):
                 response = link.provider.complete(request, ex.signal)
         except ProviderError as exc:
+            self._budget(ex).spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
             raise self._model_call_failed(ex, link, ticket, exc) from exc
         self._report_circuit(ex, link.provider_name, self.rt.breaker.success(ticket))
-        self._record_spend(ex, link, response, index)
+        self._record_spend(ex, link, response, index, reserved)
         return response
+
+    def _budget(self, ex: Execution) -> TreeBudget:
+        assert ex.budget is not None
+        return ex.budget
+
+    def _budget_for_model_call(self, ex: Execution, messages: list[Message]) -> int:
+        """Refuse the call when the tree is spent; else the tokens reserved for it."""
+        refusal, reserved = self._budget(ex).refuse_model_call(
+            messages, ex.agent.model.max_output_tokens
+        )
+        if refusal is not None:
+            raise RunFailure(RunError("run_budget_exceeded", ErrorClass.QUOTA_EXCEEDED, refusal))
+        return reserved
 
     def _model_call_failed(
         self, ex: Execution, link: Link, ticket: Ticket, exc: ProviderError
@@ -334,8 +359,16 @@ class RunExecutor:
             self._report_circuit(ex, link.provider_name, change)
         return LinkFailed(exc, verdict.transient)
 
-    def _record_spend(self, ex: Execution, link: Link, response: ModelResponse, index: int) -> None:
+    def _record_spend(
+        self, ex: Execution, link: Link, response: ModelResponse, index: int, reserved: int
+    ) -> None:
         amount, source = price(self.rt.settings.pricing, response.model, response.usage)
+        self._budget(ex).spent(
+            released=reserved,
+            tokens=response.usage.total_tokens,
+            cost=amount,
+            unknown=source == "Unknown",
+        )
         spend = TurnSpend(
             model_id=response.model,
             input_tokens=response.usage.input_tokens,
@@ -367,9 +400,40 @@ class RunExecutor:
             outcome = self._answer_from_chain(ex, call, arguments)
         if outcome is None and link.position > 0 and parse_error is None and spec is not None:
             outcome = self._answer_from_ledger(ex, call, arguments)
+        if outcome is None and spec is not None and parse_error is None:
+            outcome = self._refused_by_budget(ex, call_no, call, arguments)
         if outcome is None:
             outcome = self._execute_tool(ex, call_no, call, spec, arguments, parse_error)
         return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
+
+    def _refused_by_budget(
+        self, ex: Execution, call_no: int, call: ToolCall, arguments: dict[str, Any]
+    ) -> ToolOutcome | None:
+        """A spent tree does not start a tool: nothing would read its result."""
+        refusal = self._budget(ex).refuse_tool_call()
+        if refusal is None:
+            return None
+        outcome = ToolOutcome(
+            ok=False,
+            error_code="BUDGET_EXCEEDED",
+            attempts=0,
+            error_message=f"{refusal}. The tool call did not start.",
+        )
+        self.ledger.refuse(ex.claim, call_no, call.id, call.name, arguments, outcome)
+        return outcome
+
+    def _report_usage(
+        self, ex: Execution, spec: ToolSpec, amount: Decimal | float, currency: str
+    ) -> None:
+        """Spend a tool reports beyond tokens; only the pricing currency can count."""
+        value = Decimal(str(amount))
+        counted = currency == self.rt.settings.pricing.currency and value > 0
+        data = {"tool": spec.name, "amount": float(value), "currency": currency, "counted": counted}
+        if not counted:
+            self.rt.runs.append(ex.claim, "UsageReported", data)
+            return
+        self._budget(ex).spent(released=0, tokens=0, cost=value, unknown=False)
+        self.rt.runs.add_cost(ex.claim, value, data)
 
     def _answer_from_chain(
         self, ex: Execution, call: ToolCall, arguments: dict[str, Any]
@@ -443,6 +507,7 @@ class RunExecutor:
             idempotency_key=key,
             attempt=1,
             signal=ex.signal,
+            report_usage=lambda amount, currency: self._report_usage(ex, spec, amount, currency),
         )
 
         def announce_retry(attempt: int, error: ToolError) -> None:

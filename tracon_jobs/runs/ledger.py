@@ -90,6 +90,47 @@ class Ledger:
         self.store.publish(event)
         return entry
 
+    def refuse(
+        self,
+        claim: Claim,
+        turn: int,
+        call_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        outcome: ToolOutcome,
+    ) -> None:
+        """Record a call that was refused before it started (a spent budget)."""
+        execution_id = str(uuid.uuid4())
+        data = {
+            "tool": tool,
+            "callId": call_id,
+            "turn": turn,
+            "executionId": execution_id,
+            "attempts": 0,
+            "error": {"code": outcome.error_code, "message": outcome.error_message},
+        }
+        with self.store.db.write() as session:
+            event = self.store.append_in(session, claim, "ToolCallFailed", data)
+            session.add(
+                ToolCallRecord(
+                    run_id=claim.run_id,
+                    turn=turn,
+                    call_id=call_id,
+                    tool=tool,
+                    args_hash=arguments_hash(arguments),
+                    arguments=arguments,
+                    execution_id=execution_id,
+                    idempotency_key=f"tj-{execution_id}",
+                    status="failed",
+                    error_code=outcome.error_code,
+                    error_message=outcome.error_message,
+                    attempt=0,
+                    started_at=event.at,
+                    ended_at=event.at,
+                )
+            )
+        self.store.publish(event)
+
     def finish(self, claim: Claim, entry: LedgerEntry, tool: str, outcome: ToolOutcome) -> None:
         type_ = "ToolCallCompleted" if outcome.ok else "ToolCallFailed"
         data: dict[str, Any] = {"tool": tool, "executionId": entry.execution_id}

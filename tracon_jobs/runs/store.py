@@ -244,6 +244,17 @@ class RunStore:
             )
         )
 
+    def add_cost(self, claim: Claim, amount: Decimal, data: dict[str, Any]) -> None:
+        """Spend a tool reported beyond tokens, with its `UsageReported` event."""
+        with self.db.write() as session:
+            event = self.append_in(session, claim, "UsageReported", data)
+            session.execute(
+                update(Run)
+                .where(Run.id == claim.run_id, Run.fence == claim.fence)
+                .values(cost_amount=Run.cost_amount + amount)
+            )
+        self.publish(event)
+
     def save_turn(self, claim: Claim, messages: Sequence[dict[str, Any]], turns: int) -> None:
         """Persist the conversation after a finished turn, so the run resumes from SQL."""
         with self.db.write() as session:

@@ -1,0 +1,36 @@
+-- Check a tree's budget before a model call, a tool call or a child run, and reserve.
+-- KEYS[1] budget hash {tokens, reserved, cost_nanos, children, unknown_price, started_ms}
+-- ARGV[1] kind: 'model' | 'tool' | 'child'
+-- ARGV[2] token limit (-1 none)   ARGV[3] cost limit nanos (-1 none)
+-- ARGV[4] duration limit ms (-1 none)   ARGV[5] run limit (-1 none)
+-- ARGV[6] tokens to reserve (model calls)
+-- Returns {refused limit name or '', tokens, reserved, cost_nanos, children, elapsed_ms}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local b = KEYS[1]
+local tokens = tonumber(redis.call('HGET', b, 'tokens') or '0')
+local reserved = tonumber(redis.call('HGET', b, 'reserved') or '0')
+local cost = tonumber(redis.call('HGET', b, 'cost_nanos') or '0')
+local children = tonumber(redis.call('HGET', b, 'children') or '0')
+local unknown = redis.call('HGET', b, 'unknown_price') == '1'
+local started = tonumber(redis.call('HGET', b, 'started_ms') or tostring(now))
+local elapsed = now - started
+local kind = ARGV[1]
+local token_limit, cost_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local duration_limit, run_limit = tonumber(ARGV[4]), tonumber(ARGV[5])
+local function answer(refused)
+  return {refused, tokens, reserved, cost, children, elapsed}
+end
+if kind == 'child' then
+  if run_limit >= 0 and children + 1 > run_limit then return answer('MaxTotalRuns') end
+  redis.call('HINCRBY', b, 'children', 1)
+  children = children + 1
+  return answer('')
+end
+if token_limit >= 0 and tokens + reserved >= token_limit then return answer('MaxTotalTokens') end
+if cost_limit >= 0 and not unknown and cost >= cost_limit then return answer('MaxTotalCost') end
+if duration_limit >= 0 and elapsed >= duration_limit then return answer('MaxDuration') end
+if kind == 'model' and tonumber(ARGV[6]) > 0 then
+  redis.call('HINCRBY', b, 'reserved', tonumber(ARGV[6]))
+end
+return answer('')

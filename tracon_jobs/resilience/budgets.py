@@ -1,0 +1,244 @@
+"""AgentGraph budgets: one budget per run tree, shared by every branch on every worker.
+
+The totals live in a Redis hash changed only by Lua (so branches on different workers see
+one total at once) and are rebuilt from SQL when Redis lost them: the runs of the tree
+(and of the runs a continuation continues) carry their own tokens and cost.
+
+Checks, as the spec orders them: tokens, cost and time before every model call (between
+two turns) and before every tool call; depth and child count before a new child run. A
+model call also reserves the tokens it may use, and the check counts the reservations of
+the tree's other in-flight calls, so concurrent branches overshoot a token limit by at
+most what their calls spend beyond their reservations (the spec's "bounded amount").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import redis
+
+from tracon_jobs.coordination.scripts import Scripts
+
+if TYPE_CHECKING:
+    from tracon_jobs.settings import AgentGraphSettings
+
+log = logging.getLogger(__name__)
+
+Gate = Literal["model", "tool", "child"]
+NANOS = Decimal(10**9)
+BUDGET_TTL_MS = 7 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class Limits:
+    depth: int
+    tokens: int | None
+    cost: Decimal | None
+    runs: int | None
+    duration: timedelta | None
+
+    @classmethod
+    def from_settings(cls, graph: AgentGraphSettings) -> Limits:
+        return cls(
+            graph.depth_limit,
+            graph.token_limit,
+            graph.cost_limit,
+            graph.run_limit,
+            graph.duration_limit,
+        )
+
+    def as_args(self) -> list[int]:
+        return [
+            -1 if self.tokens is None else self.tokens,
+            -1 if self.cost is None else int(self.cost * NANOS),
+            -1 if self.duration is None else int(self.duration.total_seconds() * 1000),
+            -1 if self.runs is None else self.runs,
+        ]
+
+
+@dataclass(frozen=True)
+class Totals:
+    tokens: int = 0
+    cost: Decimal = Decimal(0)
+    children: int = 0
+    unknown_price: bool = False
+    executed_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    refused: str  # the limit's setting name, or "" when allowed
+    tokens: int
+    reserved: int
+    cost: Decimal
+    children: int
+    elapsed_ms: int
+
+    @property
+    def allowed(self) -> bool:
+        return not self.refused
+
+
+class BudgetStore(Protocol):
+    def open(self, root: str, seed: Totals) -> bool: ...
+
+    def gate(self, root: str, kind: Gate, limits: Limits, reserve: int = 0) -> Verdict: ...
+
+    def spend(
+        self, root: str, *, released: int, tokens: int, cost: Decimal, unknown_price: bool
+    ) -> None: ...
+
+
+class RedisBudgetStore:
+    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+        self.scripts = Scripts(client)
+        self.prefix = prefix
+
+    def key(self, root: str) -> str:
+        return f"{self.prefix}:budget:{{{root}}}"
+
+    def open(self, root: str, seed: Totals) -> bool:
+        args = [
+            seed.tokens,
+            int(seed.cost * NANOS),
+            seed.children,
+            "1" if seed.unknown_price else "0",
+            seed.executed_ms,
+            BUDGET_TTL_MS,
+        ]
+        return bool(self.scripts("budget_open", [self.key(root)], args))
+
+    def gate(self, root: str, kind: Gate, limits: Limits, reserve: int = 0) -> Verdict:
+        reply = self.scripts("budget_gate", [self.key(root)], [kind, *limits.as_args(), reserve])
+        refused, tokens, reserved, cost, children, elapsed = reply
+        text = refused.decode() if isinstance(refused, bytes) else str(refused)
+        return Verdict(
+            text,
+            int(tokens),
+            int(reserved),
+            Decimal(int(cost)) / NANOS,
+            int(children),
+            int(elapsed),
+        )
+
+    def spend(
+        self, root: str, *, released: int, tokens: int, cost: Decimal, unknown_price: bool
+    ) -> None:
+        args = [released, tokens, int(cost * NANOS), "1" if unknown_price else "0"]
+        self.scripts("budget_spend", [self.key(root)], args)
+
+
+class MemoryBudgetStore:
+    """The same rules in one process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._trees: dict[str, dict[str, int]] = {}
+
+    @staticmethod
+    def _now() -> int:
+        return int(time.monotonic() * 1000)
+
+    def open(self, root: str, seed: Totals) -> bool:
+        with self._lock:
+            if root in self._trees:
+                return False
+            self._trees[root] = {
+                "tokens": seed.tokens,
+                "reserved": 0,
+                "cost": int(seed.cost * NANOS),
+                "children": seed.children,
+                "unknown": int(seed.unknown_price),
+                "started": self._now() - seed.executed_ms,
+            }
+            return True
+
+    def gate(self, root: str, kind: Gate, limits: Limits, reserve: int = 0) -> Verdict:
+        with self._lock:
+            tree = self._trees.setdefault(
+                root,
+                {
+                    "tokens": 0,
+                    "reserved": 0,
+                    "cost": 0,
+                    "children": 0,
+                    "unknown": 0,
+                    "started": self._now(),
+                },
+            )
+            token_limit, cost_limit, duration_limit, run_limit = limits.as_args()
+            elapsed = self._now() - tree["started"]
+            refused = _refusal(
+                kind, tree, elapsed, token_limit, cost_limit, duration_limit, run_limit
+            )
+            if not refused and kind == "child":
+                tree["children"] += 1
+            if not refused and kind == "model":
+                tree["reserved"] += reserve
+            return Verdict(
+                refused,
+                tree["tokens"],
+                tree["reserved"],
+                Decimal(tree["cost"]) / NANOS,
+                tree["children"],
+                elapsed,
+            )
+
+    def spend(
+        self, root: str, *, released: int, tokens: int, cost: Decimal, unknown_price: bool
+    ) -> None:
+        with self._lock:
+            tree = self._trees[root]
+            tree["reserved"] -= released
+            tree["tokens"] += tokens
+            tree["cost"] += int(cost * NANOS)
+            tree["unknown"] |= int(unknown_price)
+
+
+def _refusal(
+    kind: Gate,
+    tree: dict[str, int],
+    elapsed: int,
+    token_limit: int,
+    cost_limit: int,
+    duration_limit: int,
+    run_limit: int,
+) -> str:
+    if kind == "child":
+        return "MaxTotalRuns" if 0 <= run_limit < tree["children"] + 1 else ""
+    if 0 <= token_limit <= tree["tokens"] + tree["reserved"]:
+        return "MaxTotalTokens"
+    if 0 <= cost_limit <= tree["cost"] and not tree["unknown"]:
+        return "MaxTotalCost"
+    if 0 <= duration_limit <= elapsed:
+        return "MaxDuration"
+    return ""
+
+
+def refusal_message(verdict: Verdict, limits: Limits, currency: str) -> str:
+    """Which limit was hit, and the setting that raises it."""
+    if verdict.refused == "MaxTotalTokens":
+        return (
+            f"the run tree spent {verdict.tokens} tokens of its {limits.tokens} "
+            "(raise Tracon:AgentGraph:MaxTotalTokens)"
+        )
+    if verdict.refused == "MaxTotalCost":
+        return (
+            f"the run tree spent {verdict.cost:.6f} {currency} of its {limits.cost} "
+            "(raise Tracon:AgentGraph:MaxTotalCost)"
+        )
+    if verdict.refused == "MaxDuration":
+        return (
+            f"the run tree has executed for {verdict.elapsed_ms / 1000:.1f}s of its "
+            f"{limits.duration} (raise Tracon:AgentGraph:MaxDuration)"
+        )
+    return (
+        f"the run tree already has {verdict.children} child runs of its {limits.runs} "
+        "(raise Tracon:AgentGraph:MaxTotalRuns)"
+    )

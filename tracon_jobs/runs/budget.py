@@ -1,0 +1,124 @@
+"""The budget of the tree a run belongs to, as the executor uses it.
+
+Opening seeds the shared totals from SQL (the tree's runs, and the runs a continuation
+continues, so a chain does not get its ceiling again). A store that cannot be reached
+lets work through and says so in the log: a lost budget store must not stop every run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from decimal import Decimal
+
+import redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tracon_jobs.db import Database
+from tracon_jobs.db.models import Run
+from tracon_jobs.providers.base import Message
+from tracon_jobs.resilience.budgets import BudgetStore, Gate, Limits, Totals, refusal_message
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUTPUT_RESERVE = 256
+MAX_CHAIN = 128
+
+
+@dataclass
+class TreeBudget:
+    store: BudgetStore
+    limits: Limits
+    root: str
+    currency: str
+
+    def refuse_model_call(
+        self, messages: list[Message], max_output: int | None
+    ) -> tuple[str | None, int]:
+        """(refusal message or None, tokens reserved for this call)."""
+        reserve = estimate_tokens(messages) + (max_output or DEFAULT_OUTPUT_RESERVE)
+        if self.limits.tokens is None:
+            reserve = 0
+        refusal = self._gate("model", reserve)
+        return refusal, 0 if refusal else reserve
+
+    def refuse_tool_call(self) -> str | None:
+        return self._gate("tool")
+
+    def refuse_child(self, depth: int) -> str | None:
+        if depth > self.limits.depth:
+            return (
+                f"a child run at depth {depth} exceeds Tracon:AgentGraph:MaxDepth "
+                f"({self.limits.depth})"
+            )
+        return self._gate("child")
+
+    def spent(self, *, released: int, tokens: int, cost: Decimal, unknown: bool) -> None:
+        try:
+            self.store.spend(
+                self.root, released=released, tokens=tokens, cost=cost, unknown_price=unknown
+            )
+        except redis.RedisError as exc:
+            log.warning(
+                "budget store unreachable; spend of tree %s not counted: %s", self.root, exc
+            )
+
+    def _gate(self, kind: Gate, reserve: int = 0) -> str | None:
+        try:
+            verdict = self.store.gate(self.root, kind, self.limits, reserve)
+        except redis.RedisError as exc:
+            log.warning("budget store unreachable; %s of tree %s allowed: %s", kind, self.root, exc)
+            return None
+        return None if verdict.allowed else refusal_message(verdict, self.limits, self.currency)
+
+
+def estimate_tokens(messages: list[Message]) -> int:
+    """About four characters a token: a reservation, corrected by what the call reports."""
+    return len(json.dumps(messages, default=str)) // 4
+
+
+def open_budget(
+    store: BudgetStore, db: Database, limits: Limits, run: Run, currency: str
+) -> TreeBudget:
+    try:
+        store.open(run.root_run_id, seed_totals(db, run.root_run_id))
+    except redis.RedisError as exc:
+        log.warning("budget store unreachable when opening tree %s: %s", run.root_run_id, exc)
+    return TreeBudget(store, limits, run.root_run_id, currency)
+
+
+def seed_totals(db: Database, root: str) -> Totals:
+    """What the tree, and the chain of runs its root continues, already spent."""
+    tokens, cost, children, unknown, executed = 0, Decimal(0), 0, False, 0
+    current: str | None = root
+    with db.read() as session:
+        for _ in range(MAX_CHAIN):
+            if current is None:
+                break
+            row = session.execute(
+                select(
+                    func.coalesce(func.sum(Run.input_tokens + Run.output_tokens), 0),
+                    func.coalesce(func.sum(Run.cost_amount), 0),
+                    func.count(),
+                    func.max(Run.cost_source),
+                ).where(Run.root_run_id == current)
+            ).one()
+            tokens += int(row[0])
+            cost += Decimal(str(row[1]))
+            children += max(int(row[2]) - 1, 0)
+            unknown = unknown or row[3] == "Unknown"
+            executed += _executed_ms(session, current) if current != root else 0
+            current = session.scalar(select(Run.continued_from_run_id).where(Run.id == current))
+    return Totals(tokens, cost, children, unknown, executed)
+
+
+def _executed_ms(session: Session, run_id: str) -> int:
+    """How long a run of the chain executed; an orphan counts to its last heartbeat."""
+    run = session.get(Run, run_id)
+    if run is None or run.started_at is None:
+        return 0
+    last_sign = run.heartbeat_at if run.error_type == "orphaned" else None
+    end = last_sign or run.ended_at or run.heartbeat_at or run.started_at
+    return max(int((end - run.started_at).total_seconds() * 1000), 0)
