@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from tracon_jobs.embedded_redis import answers, free_port, start_embedded
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = (sys.executable, "-m", "tracon_jobs.cli")
-DEFAULT_REDIS = "redis://127.0.0.1:6379/14"
+LOCAL_REDIS_EXAMPLE = "redis://127.0.0.1:6379/14"
 AGENT = "bench"
 RUN_PATH = f"/api/agents/{AGENT}/run"
 ASYNC = {"Prefer": "respond-async"}
@@ -96,7 +97,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--concurrency", type=int, default=16, help="submitting client threads")
     parser.add_argument("--worker-concurrency", type=int, default=16, help="worker threads")
     parser.add_argument("--database", help="SQL URL (default: a fresh SQLite file)")
-    parser.add_argument("--redis", help=f"Redis URL, flushed (default {DEFAULT_REDIS})")
+    parser.add_argument("--redis", help=f"Redis URL, flushed, e.g. {LOCAL_REDIS_EXAMPLE}")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
     parser.add_argument("--keep", action="store_true", help="keep the work dir and its logs")
     args = parser.parse_args(argv)
@@ -111,6 +112,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="tracon-b1-"))
+    keep = options.keep
     try:
         with ExitStack() as cleanup:
             children = Children(workdir, ROOT)
@@ -119,14 +121,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("b1: interrupted; every child process was stopped", file=sys.stderr)
         return 130
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"b1: {exc}\n(logs in {workdir})", file=sys.stderr)
+    except (RuntimeError, TimeoutError, OSError, httpx.HTTPError, redis.RedisError) as exc:
+        print(f"b1: {type(exc).__name__}: {exc}", file=sys.stderr)
+        keep = True  # the children's logs say why
         return 1
     finally:
-        if options.keep:
-            print(f"work dir and logs kept in {workdir}")
+        if keep:
+            print(f"work dir and logs kept in {workdir}", file=sys.stderr)
         else:
-            _remove_tree(workdir)
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def benchmark(options: Options, workdir: Path, children: Children, cleanup: ExitStack) -> int:
@@ -143,15 +146,35 @@ def benchmark(options: Options, workdir: Path, children: Children, cleanup: Exit
 
 
 def choose_redis(wanted: str | None, workdir: Path, cleanup: ExitStack) -> str:
+    """`--redis`, else a private embedded server: never a shared db by default.
+
+    The local server's db 14 was the first choice, but test sessions take a db of 8-15 by
+    pid and flush it before every test: sharing one wipes our queue mid-measurement (and
+    our flush wipes theirs), and their workers consume our tasks.
+    """
     if wanted:
         if not answers(wanted):
             raise RuntimeError(f"no Redis answers at {wanted}")
+        others = other_clients(wanted)
+        if others:
+            print(f"warning: {others} other clients on {wanted}; they may flush or take our work")
         return wanted
-    if answers(DEFAULT_REDIS):
-        return DEFAULT_REDIS
     embedded = start_embedded(workdir / "redis")
     cleanup.callback(embedded.stop)
     return embedded.url
+
+
+def other_clients(url: str) -> int:
+    """Connections of other processes to the db of `url` (0 when the server will not say)."""
+    client = redis.Redis.from_url(url)
+    try:
+        me = str(client.client_id())
+        db = str(client.connection_pool.connection_kwargs.get("db", 0))
+        return sum(1 for c in client.client_list() if c["db"] == db and str(c["id"]) != me)
+    except redis.RedisError:
+        return 0
+    finally:
+        client.close()
 
 
 def write_config(workdir: Path, worker_concurrency: int) -> Path:
@@ -437,12 +460,6 @@ def latency_line(latencies: list[float]) -> str:
 
 def _safe_url(url: str) -> str:
     return sa.engine.make_url(url).render_as_string(hide_password=True)
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 if __name__ == "__main__":
