@@ -111,3 +111,11 @@ def flaky_read(key: str, *, context: ToolContext) -> str:
     if first:
         raise RetryableToolError("the upstream hiccupped")
     return f"value of {key}"
+
+
+@tool(side_effect="external")
+def render_audio(seconds: float, *, context: ToolContext) -> str:
+    """A paid tool: reports what it spent beyond tokens."""
+    context.report_usage(0.05, "USD")
+    context.report_usage(1.0, "EUR")  # another currency: unknown to the budget
+    return "rendered"

@@ -81,7 +81,9 @@ def register_tasks(app: Celery, runtime: Runtime) -> None:
             "continued": len(result.continued),
         }
 
-    @app.task(name=IDEMPOTENCY_PURGE_TASK, ignore_result=True)
+    # shared=False: a shared task is copied into every Celery app created later in the
+    # process, so a second Runtime's app would run this closure over the first Runtime
+    @app.task(name=IDEMPOTENCY_PURGE_TASK, ignore_result=True, shared=False)
     @singleton_task(runtime, IDEMPOTENCY_PURGE_TASK)  # None in every process but the owner
     def purge_idempotency_records() -> dict[str, Any]:
         result = retention.scan_once(runtime, runtime.db.now())

@@ -508,6 +508,8 @@ class AgentSettings(ConfigModel):
     model: ModelBinding
     tools: list[NonEmptyStr] = []
     parameters: dict[str, Any] = {}
+    sub_agents: list[NonEmptyStr] = []
+    """Agents this agent may call as tools; each call is a child run of its tree."""
 
 
 # --- the whole configuration --------------------------------------------------------------
@@ -549,6 +551,12 @@ class Settings(ConfigModel):
                     raise _broken(
                         f"must name a configured provider (got {provider!r}; configured: {known})",
                         setting=f"Agents.{agent_name}.Model.{setting}",
+                    )
+            for index, child in enumerate(agent.sub_agents):
+                if child not in self.agents:
+                    raise _broken(
+                        f"must name a configured agent (got {child!r})",
+                        setting=f"Agents.{agent_name}.SubAgents[{index}]",
                     )
         return self
 

@@ -130,7 +130,7 @@ class RedisBudgetStore:
     def spend(
         self, root: str, *, released: int, tokens: int, cost: Decimal, unknown_price: bool
     ) -> None:
-        args = [released, tokens, int(cost * NANOS), "1" if unknown_price else "0"]
+        args = [-released, tokens, int(cost * NANOS), "1" if unknown_price else "0"]
         self.scripts("budget_spend", [self.key(root)], args)
 
 

@@ -68,6 +68,7 @@ class RunDispatcher:
         return run
 
     def resend(self, run_id: str) -> bool:
+        """Send a run's message again; False (logged) when the broker refused."""
         try:
             self.send(run_id)
         except EnqueueError as exc:

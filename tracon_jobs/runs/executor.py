@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import CANCELED, TAKEN_AWAY
 from tracon_jobs.runs.retries import Sleep, run_with_retries
 from tracon_jobs.runs.store import TurnSpend
+from tracon_jobs.runs.subagents import agent_tool_schema, await_child, start_child
 from tracon_jobs.signal import AbortSignal
 
 if TYPE_CHECKING:
@@ -284,9 +286,7 @@ class RunExecutor:
             messages.append(response.as_message())
             call_no = ex.next_call
             ex.next_call += 1
-            for call in response.tool_calls:
-                self._check_live(ex)
-                messages.append(self._tool_call(ex, link, call_no, call))
+            messages.extend(self._tool_calls(ex, link, call_no, response.tool_calls))
             index += 1
             self.rt.runs.save_turn(ex.claim, messages, index)
         raise RunFailure(
@@ -309,7 +309,8 @@ class RunExecutor:
         request = ModelRequest(
             model=link.model,
             messages=messages,
-            tools=[spec.openai_schema() for spec in ex.tools.values()],
+            tools=[spec.openai_schema() for spec in ex.tools.values()]
+            + [agent_tool_schema(name) for name in ex.agent.sub_agents],
             temperature=binding.temperature,
             top_p=binding.top_p,
             max_output_tokens=binding.max_output_tokens,
@@ -392,10 +393,28 @@ class RunExecutor:
 
     # -- tool calls --------------------------------------------------------------------
 
+    def _tool_calls(
+        self, ex: Execution, link: Link, call_no: int, calls: list[ToolCall]
+    ) -> list[Message]:
+        """The turn's calls in order, or started together with `AllowConcurrentToolCalls`
+        (then every call passes the budget gate before any reports, as the spec warns)."""
+        if not self.rt.settings.tool_loop.allow_concurrent_tool_calls or len(calls) < 2:
+            results = []
+            for call in calls:
+                self._check_live(ex)
+                results.append(self._tool_call(ex, link, call_no, call))
+            return results
+        self._check_live(ex)
+        with ThreadPoolExecutor(len(calls), thread_name_prefix="tool-call") as pool:
+            return list(pool.map(lambda call: self._tool_call(ex, link, call_no, call), calls))
+
     def _tool_call(self, ex: Execution, link: Link, call_no: int, call: ToolCall) -> Message:
         arguments, parse_error = parse_arguments(call.arguments)
         spec = ex.tools.get(call.name)
         outcome = None
+        if spec is None and call.name in ex.agent.sub_agents:
+            outcome = self._call_agent(ex, call_no, call, arguments, parse_error)
+            return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
         if parse_error is None and spec is not None:
             outcome = self._answer_from_chain(ex, call, arguments)
         if outcome is None and link.position > 0 and parse_error is None and spec is not None:
@@ -405,6 +424,33 @@ class RunExecutor:
         if outcome is None:
             outcome = self._execute_tool(ex, call_no, call, spec, arguments, parse_error)
         return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
+
+    def _call_agent(
+        self,
+        ex: Execution,
+        call_no: int,
+        call: ToolCall,
+        arguments: dict[str, Any],
+        parse_error: str | None,
+    ) -> ToolOutcome:
+        """A child run of the tree; a refused child is the tool's error, the parent goes on."""
+        ledger_name = f"agent:{call.name}"
+        message = arguments.get("message")
+        refusal = self._budget(ex).refuse_child(ex.run.depth + 1)
+        if parse_error or not isinstance(message, str) or refusal:
+            outcome = ToolOutcome(
+                ok=False,
+                error_code="CHILD_REFUSED" if refusal else "INVALID_ARGUMENTS",
+                error_message=refusal or parse_error or "message: a string is required",
+                attempts=0,
+            )
+            self.ledger.refuse(ex.claim, call_no, call.id, ledger_name, arguments, outcome)
+            return outcome
+        entry = self.ledger.start(ex.claim, call_no, call.id, ledger_name, arguments)
+        child_id = start_child(self.rt, ex.run, call.name, message)
+        outcome = await_child(self.rt, child_id, ex.signal)
+        self.ledger.finish(ex.claim, entry, ledger_name, outcome)
+        return outcome
 
     def _refused_by_budget(
         self, ex: Execution, call_no: int, call: ToolCall, arguments: dict[str, Any]

@@ -31,6 +31,6 @@ if token_limit >= 0 and tokens + reserved >= token_limit then return answer('Max
 if cost_limit >= 0 and not unknown and cost >= cost_limit then return answer('MaxTotalCost') end
 if duration_limit >= 0 and elapsed >= duration_limit then return answer('MaxDuration') end
 if kind == 'model' and tonumber(ARGV[6]) > 0 then
-  redis.call('HINCRBY', b, 'reserved', tonumber(ARGV[6]))
+  redis.call('HINCRBY', b, 'reserved', ARGV[6])
 end
 return answer('')

@@ -1,0 +1,256 @@
+"""AgentGraph budgets and sub-agent runs: refusals at the right point with the right
+message, and the overshoot bound of concurrent branches (real Redis, real SQL)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import scripted_agent
+from tracon_jobs.resilience.budgets import (
+    BudgetStore,
+    Limits,
+    MemoryBudgetStore,
+    RedisBudgetStore,
+    Totals,
+)
+from tracon_jobs.runs import subagents
+from tracon_jobs.runs.budget import seed_totals
+from tracon_jobs.runs.dispatch import RunDispatcher
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runtime import Runtime
+
+LOOP = [
+    {
+        "ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A"}}],
+        "InputTokens": 10,
+        "OutputTokens": 5,
+    }
+]
+
+
+@pytest.fixture(autouse=True)
+def _quick_child_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(subagents, "CHILD_CLAIM_WAIT", 0.2)
+
+
+def runtime_with(
+    make_runtime: Callable[..., Runtime],
+    url: str,
+    script: list[dict[str, Any]],
+    tools: list[str],
+    **sections: Any,
+) -> Runtime:
+    runtime = make_runtime(url, **(scripted_agent(script, tools) | sections))
+    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
+    return runtime
+
+
+def run_demo(runtime: Runtime, agent: str = "demo") -> Any:
+    tenant = runtime.tenants.ensure_tenant("acme")
+    run_id = runtime.runs.create(NewRun(tenant, agent, {"message": "go"})).id
+    runtime.executor.execute(run_id)
+    return runtime.runs.get(run_id)
+
+
+def events(runtime: Runtime, run_id: str, type_: str) -> list[dict[str, Any]]:
+    return [e.data for e in runtime.runs.events(run_id) if e.type == type_]
+
+
+def test_token_limit_refuses_the_tool_call_then_the_next_model_call(
+    make_runtime: Callable[..., Runtime],
+    sql_url: str,
+) -> None:
+    runtime = runtime_with(
+        make_runtime, sql_url, LOOP, ["lookup_order"], AgentGraph={"MaxTotalTokens": 50}
+    )
+
+    run = run_demo(runtime)
+
+    assert (run.status, run.error_type, run.error_class) == (
+        "Failed",
+        "run_budget_exceeded",
+        "QuotaExceeded",
+    )
+    assert "MaxTotalTokens" in run.error_message
+    assert run.input_tokens + run.output_tokens == 60  # four calls of 15: the fourth crossed
+    refused = [e for e in events(runtime, run.id, "ToolCallFailed")]
+    assert refused[-1]["error"]["code"] == "BUDGET_EXCEEDED"
+    assert refused[-1]["error"]["message"].endswith("The tool call did not start.")
+    assert len(events(runtime, run.id, "ToolCallCompleted")) == 3
+
+
+def test_reported_spend_counts_against_the_cost_limit_in_its_currency_only(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+) -> None:
+    script = [{"ToolCalls": [{"Name": "render_audio", "Arguments": {"seconds": 1}}]}] * 3
+    runtime = runtime_with(
+        make_runtime,
+        sqlite_url,
+        script,
+        ["render_audio"],
+        AgentGraph={"MaxTotalCost": 0.08, "MaxTotalTokens": 0},
+    )
+
+    run = run_demo(runtime)
+
+    assert run.error_type == "run_budget_exceeded" and "MaxTotalCost" in run.error_message
+    reported = events(runtime, run.id, "UsageReported")
+    assert [r["counted"] for r in reported] == [True, False, True, False]
+    assert Decimal(run.cost_amount) > Decimal("0.10")
+
+
+def test_an_unknown_price_makes_the_cost_limit_fall_back_to_tokens(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+) -> None:
+    script = [
+        {"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A"}}]},
+        {"Text": "done"},
+    ]
+    runtime = runtime_with(
+        make_runtime,
+        sqlite_url,
+        script,
+        ["lookup_order"],
+        Pricing={"Models": {}},
+        AgentGraph={"MaxTotalCost": 0.000001},
+    )
+
+    run = run_demo(runtime)
+
+    assert run.status == "Completed" and run.cost_source == "Unknown"
+
+
+def test_duration_limit_refuses_the_next_model_call(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+) -> None:
+    script = [
+        {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 0.4}}]},
+        {"Text": "too late"},
+    ]
+    runtime = runtime_with(
+        make_runtime, sqlite_url, script, ["slow_step"], AgentGraph={"MaxDuration": "00:00:00.300"}
+    )
+
+    run = run_demo(runtime)
+
+    assert run.error_type == "run_budget_exceeded" and "MaxDuration" in run.error_message
+
+
+SUPERVISOR = {
+    "Providers": {
+        "boss": {
+            "Kind": "scripted",
+            "Script": [
+                {"ToolCalls": [{"Name": "helper", "Arguments": {"message": "first"}}]},
+                {"ToolCalls": [{"Name": "helper", "Arguments": {"message": "second"}}]},
+                {"Text": "supervised"},
+            ],
+        },
+        "worker": {"Kind": "scripted", "Script": [{"Text": "helped"}]},
+    },
+    "Agents": {
+        "boss": {"Model": {"provider": "boss", "model": "m"}, "SubAgents": ["helper"]},
+        "helper": {"Model": {"provider": "worker", "model": "m"}},
+    },
+}
+
+
+def supervisor(make_runtime: Callable[..., Runtime], url: str, **graph: Any) -> Runtime:
+    runtime = make_runtime(url, **SUPERVISOR, AgentGraph=graph)
+    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
+    return runtime
+
+
+def test_a_sub_agent_is_a_child_run_of_the_tree(
+    make_runtime: Callable[..., Runtime],
+    sql_url: str,
+) -> None:
+    runtime = supervisor(make_runtime, sql_url)
+
+    root = run_demo(runtime, "boss")
+
+    assert root.status == "Completed" and root.output == {"text": "supervised"}
+    tree = runtime.runs.tree(root.id, root.tenant_id)
+    children = [r for r in tree if r.id != root.id]
+    assert [(c.agent, c.parent_run_id, c.root_run_id, c.depth, c.status) for c in children] == [
+        ("helper", root.id, root.id, 1, "Completed")
+    ] * 2
+
+
+@pytest.mark.parametrize(
+    ("graph", "refused", "setting"),
+    [
+        ({"MaxDepth": 0}, 2, "MaxDepth"),
+        ({"MaxTotalRuns": 1}, 1, "MaxTotalRuns"),
+    ],
+)
+def test_a_refused_child_is_the_tools_error_and_the_parent_goes_on(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+    graph: dict[str, Any],
+    refused: int,
+    setting: str,
+) -> None:
+    runtime = supervisor(make_runtime, sqlite_url, **graph)
+
+    root = run_demo(runtime, "boss")
+
+    assert root.status == "Completed"
+    failures = [e["error"] for e in events(runtime, root.id, "ToolCallFailed")]
+    assert len(failures) == refused
+    assert all(f["code"] == "CHILD_REFUSED" and setting in f["message"] for f in failures)
+    assert len(runtime.runs.tree(root.id, root.tenant_id)) == 1 + 2 - refused
+
+
+@pytest.fixture(params=["memory", "redis"])
+def budget_store(request: pytest.FixtureRequest, redis_client: redis.Redis) -> BudgetStore:
+    return MemoryBudgetStore() if request.param == "memory" else RedisBudgetStore(redis_client)
+
+
+def test_concurrent_branches_overshoot_by_less_than_one_call(budget_store: BudgetStore) -> None:
+    # Given 8 branches of one tree, each call reserving what it will spend (30 tokens)
+    limits = Limits(depth=3, tokens=100, cost=None, runs=None, duration=None)
+    budget_store.open("root", Totals())
+    barrier = threading.Barrier(8)
+
+    def branch() -> None:
+        barrier.wait()
+        while budget_store.gate("root", "model", limits, reserve=30).allowed:
+            budget_store.spend("root", released=30, tokens=30, cost=Decimal(0), unknown_price=False)
+
+    threads = [threading.Thread(target=branch) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    # Then the tree stops within one call of its limit (without reservations: up to 8 calls)
+    final = budget_store.gate("root", "tool", limits)
+    assert 100 <= final.tokens < 100 + 30 and final.reserved == 0
+
+
+def test_a_continuation_starts_from_what_its_chain_spent(
+    make_runtime: Callable[..., Runtime],
+    sql_url: str,
+) -> None:
+    runtime = supervisor(make_runtime, sql_url)
+    first = run_demo(runtime, "boss")
+    tenant = first.tenant_id
+    continued = runtime.runs.create(
+        NewRun(tenant, "boss", {"message": "again"}, continued_from_run_id=first.id, attempt=2)
+    )
+
+    seed = seed_totals(runtime.db, continued.id)
+
+    tree = runtime.runs.tree(first.id, tenant)
+    assert seed.tokens == sum(r.input_tokens + r.output_tokens for r in tree) > 0
+    assert seed.children == 2

@@ -1,0 +1,112 @@
+"""An agent called as a tool: a child run of the same tree, executed as its own task.
+
+Celery forbids waiting on a result inside a task, and a threads pool whose every thread is
+a parent waiting for its child would starve the children. So a parent never waits on the
+broker: it sends the child's message, gives any worker `CHILD_CLAIM_WAIT` seconds to
+claim it, and otherwise claims and runs the child itself, inline on its own thread (the
+guarded claim keeps it to one executor either way). A parent therefore only ever waits for
+a child that is executing somewhere, and the tree always makes progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tracon_jobs.db.models import Run
+from tracon_jobs.errors import EnqueueError
+from tracon_jobs.runs.cancel import cancel_tree
+from tracon_jobs.runs.ledger import ToolOutcome
+from tracon_jobs.runs.lifecycle import RunStatus
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.signal import AbortSignal
+
+if TYPE_CHECKING:
+    from tracon_jobs.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+CHILD_CLAIM_WAIT = 2.0
+"""Seconds a parent lets other workers claim its child before running it inline."""
+POLL = 1.0
+
+
+def agent_tool_schema(name: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"Ask the '{name}' agent; its final answer is the result.",
+            "parameters": {
+                "type": "object",
+                "properties": {"message": {"type": "string"}},
+                "required": ["message"],
+            },
+        },
+    }
+
+
+def start_child(runtime: Runtime, parent: Run, agent: str, message: str) -> str:
+    """Write the child row, then try to send it; a broker that refuses is not fatal."""
+    child = runtime.runs.create(
+        NewRun(
+            tenant_id=parent.tenant_id,
+            agent=agent,
+            input={"message": message},
+            session_id=parent.session_id,
+            parent_run_id=parent.id,
+            root_run_id=parent.root_run_id,
+            depth=parent.depth + 1,
+            currency=parent.cost_currency,
+        )
+    )
+    try:
+        runtime.dispatcher.send(child.id)
+        runtime.runs.mark_enqueued(child.id)
+    except EnqueueError as exc:
+        log.warning("child %s not sent (%s); the parent runs it", child.id, exc)
+    return child.id
+
+
+def await_child(runtime: Runtime, child_id: str, signal: AbortSignal) -> ToolOutcome:
+    """The child's answer as the tool's outcome; runs it inline if nobody claimed it."""
+    if _wait(runtime, child_id, signal, lambda run: run.status != "Queued", CHILD_CLAIM_WAIT):
+        pass
+    elif not signal.aborted:
+        runtime.executor.execute(child_id)  # dropped if a worker claimed it meanwhile
+    _wait(runtime, child_id, signal, lambda run: RunStatus(run.status).is_terminal, None)
+    child = runtime.runs.get(child_id)
+    assert child is not None
+    if signal.aborted and not RunStatus(child.status).is_terminal:
+        cancel_tree(runtime, child)
+        return ToolOutcome(ok=False, error_code="CANCELLED", error_message="parent canceled")
+    return child_outcome(child)
+
+
+def child_outcome(child: Run) -> ToolOutcome:
+    if child.status == RunStatus.COMPLETED.value:
+        return ToolOutcome(ok=True, result=(child.output or {}).get("text", ""))
+    return ToolOutcome(
+        ok=False,
+        error_code="AGENT_FAILED" if child.status == "Failed" else "AGENT_CANCELED",
+        error_message=f"agent '{child.agent}' run {child.id} ended {child.status}: "
+        f"{child.error_message or ''}".rstrip(": "),
+    )
+
+
+def _wait(
+    runtime: Runtime, run_id: str, signal: AbortSignal, done: Any, timeout: float | None
+) -> bool:
+    """Until `done(run)`, the signal fires, or `timeout` passes; whether `done` held."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not signal.aborted:
+        position = runtime.feed.position(run_id)
+        run = runtime.runs.get(run_id)
+        if run is not None and done(run):
+            return True
+        remaining = POLL if deadline is None else deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        runtime.feed.wait(run_id, position, min(POLL, remaining))
+    return False
