@@ -10,6 +10,7 @@ closes, `RunContinuation` may start a new run in the same session.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -31,11 +32,16 @@ class ReconcileResult:
     continued: dict[str, str] = field(default_factory=dict)  # orphan -> continuation
 
 
-def scan_once(runtime: Runtime, now: datetime) -> ReconcileResult:
+def scan_once(
+    runtime: Runtime, now: datetime, still_owner: Callable[[], bool] = lambda: True
+) -> ReconcileResult:
+    """One pass; stops between runs as soon as this process is no longer the lease owner."""
     config = runtime.settings.run_reconciliation
     silent_since = now - config.orphan_threshold
     result = ReconcileResult()
     for run in runtime.runs.orphans(now, config.orphan_threshold, config.max_runs_per_scan):
+        if not still_owner():
+            break
         if run.cancel_requested_at is not None:
             _close_canceled(runtime, run, silent_since, result)
         else:

@@ -7,10 +7,11 @@ dropped by the guarded claim, and unclaimed runs are re-sent by the requeue task
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+from celery import Celery, Task
 from kombu import Queue
 
 from beat_schedules import build_schedule, reconcile, retention
@@ -21,6 +22,7 @@ from beat_schedules.schedule import (
     RECONCILE_TASK,
     REQUEUE_TASK,
 )
+from tracon_jobs.coordination.periodic import run_periodic
 from tracon_jobs.drain import install_worker_drain
 from tracon_jobs.runs.dispatch import EXECUTE_TASK, RUNS_QUEUE
 
@@ -59,33 +61,37 @@ def create_celery(runtime: Runtime) -> Celery:
 
 
 def register_tasks(app: Celery, runtime: Runtime) -> None:
-    from tracon_jobs.coordination.leases import singleton_task
-
-    @app.task(name=EXECUTE_TASK, ignore_result=True)
+    # shared=False everywhere: a shared task is copied into every Celery app created later
+    # in the process, so a second Runtime's app would run these closures over the first.
+    @app.task(name=EXECUTE_TASK, ignore_result=True, shared=False)
     def execute(run_id: str) -> str:
         return runtime.executor.execute(run_id)
 
-    @app.task(name=REQUEUE_TASK, ignore_result=True)
+    @app.task(name=REQUEUE_TASK, ignore_result=True, shared=False)
     def requeue_unclaimed() -> dict[str, Any]:
         result = scan_once(runtime, runtime.db.now())
         if result.resent:
             log.info("re-sent %d unclaimed runs", len(result.resent))
         return {"resent": len(result.resent), "failed": len(result.failed)}
 
-    @app.task(name=RECONCILE_TASK, ignore_result=True)
-    def reconcile_orphaned_runs() -> dict[str, Any]:
-        result = reconcile.scan_once(runtime, runtime.db.now())
+    @app.task(name=RECONCILE_TASK, ignore_result=True, shared=False, bind=True)
+    def reconcile_orphaned_runs(task: Task, forwarded: bool = False) -> Any:
+        return run_periodic(runtime, task, RECONCILE_TASK, forwarded, reconcile_pass)
+
+    def reconcile_pass() -> dict[str, Any]:
+        still_owner = functools.partial(runtime.leases.still_owner, RECONCILE_TASK)
+        result = reconcile.scan_once(runtime, runtime.db.now(), still_owner)
         return {
             "orphaned": len(result.orphaned),
             "canceled": len(result.canceled),
             "continued": len(result.continued),
         }
 
-    # shared=False: a shared task is copied into every Celery app created later in the
-    # process, so a second Runtime's app would run this closure over the first Runtime
-    @app.task(name=IDEMPOTENCY_PURGE_TASK, ignore_result=True, shared=False)
-    @singleton_task(runtime, IDEMPOTENCY_PURGE_TASK)  # None in every process but the owner
-    def purge_idempotency_records() -> dict[str, Any]:
+    @app.task(name=IDEMPOTENCY_PURGE_TASK, ignore_result=True, shared=False, bind=True)
+    def purge_idempotency_records(task: Task, forwarded: bool = False) -> Any:
+        return run_periodic(runtime, task, IDEMPOTENCY_PURGE_TASK, forwarded, purge_pass)
+
+    def purge_pass() -> dict[str, Any]:
         result = retention.scan_once(runtime, runtime.db.now())
         if result.deleted:
             log.info("deleted %d idempotency records past retention", result.deleted)

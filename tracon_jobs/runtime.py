@@ -141,6 +141,8 @@ class Runtime:
         return RunDispatcher(self.runs, celery_sender(self.celery))
 
     def close(self) -> None:
+        if "leases" in self.__dict__:
+            self.leases.release_all()
         for service in ("live_runs", "cancel_bus", "slots"):
             if service in self.__dict__:
                 self.__dict__[service].stop()
