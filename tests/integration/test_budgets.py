@@ -254,3 +254,29 @@ def test_a_continuation_starts_from_what_its_chain_spent(
     tree = runtime.runs.tree(first.id, tenant)
     assert seed.tokens == sum(r.input_tokens + r.output_tokens for r in tree) > 0
     assert seed.children == 2
+
+
+def test_a_lost_budget_is_rebuilt_from_sql(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+    redis_client: redis.Redis,
+) -> None:
+    runtime = runtime_with(
+        make_runtime, sqlite_url, LOOP, ["lookup_order"], AgentGraph={"MaxTotalTokens": 50}
+    )
+    flushed: list[bool] = []
+    original = runtime.runs.record_spend
+
+    def flush_after_the_second_call(*args: Any, **kwargs: Any) -> Any:
+        event = original(*args, **kwargs)
+        if event.data["turn"] == 1 and not flushed:
+            redis_client.flushdb()  # Redis loses every tree's totals mid-run
+            flushed.append(True)
+        return event
+
+    runtime.runs.record_spend = flush_after_the_second_call  # type: ignore[method-assign]
+
+    run = run_demo(runtime)
+
+    assert flushed and run.error_type == "run_budget_exceeded"
+    assert run.input_tokens + run.output_tokens == 60, "the limit held across the flush"

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 Gate = Literal["model", "tool", "child"]
 NANOS = Decimal(10**9)
+LOST = "?"
 BUDGET_TTL_MS = 7 * 24 * 3600 * 1000
 
 
@@ -83,6 +84,11 @@ class Verdict:
     @property
     def allowed(self) -> bool:
         return not self.refused
+
+    @property
+    def lost(self) -> bool:
+        """The store no longer has this tree (Redis was flushed): re-seed it from SQL."""
+        return self.refused == LOST
 
 
 class BudgetStore(Protocol):
@@ -161,17 +167,9 @@ class MemoryBudgetStore:
 
     def gate(self, root: str, kind: Gate, limits: Limits, reserve: int = 0) -> Verdict:
         with self._lock:
-            tree = self._trees.setdefault(
-                root,
-                {
-                    "tokens": 0,
-                    "reserved": 0,
-                    "cost": 0,
-                    "children": 0,
-                    "unknown": 0,
-                    "started": self._now(),
-                },
-            )
+            tree = self._trees.get(root)
+            if tree is None:
+                return Verdict(LOST, 0, 0, Decimal(0), 0, 0)
             token_limit, cost_limit, duration_limit, run_limit = limits.as_args()
             elapsed = self._now() - tree["started"]
             refused = _refusal(
@@ -194,7 +192,9 @@ class MemoryBudgetStore:
         self, root: str, *, released: int, tokens: int, cost: Decimal, unknown_price: bool
     ) -> None:
         with self._lock:
-            tree = self._trees[root]
+            tree = self._trees.get(root)
+            if tree is None:  # lost: the next gate re-seeds it from SQL, which has this spend
+                return
             tree["reserved"] -= released
             tree["tokens"] += tokens
             tree["cost"] += int(cost * NANOS)

@@ -33,6 +33,7 @@ class TreeBudget:
     limits: Limits
     root: str
     currency: str
+    db: Database
 
     def refuse_model_call(
         self, messages: list[Message], max_output: int | None
@@ -68,6 +69,10 @@ class TreeBudget:
     def _gate(self, kind: Gate, reserve: int = 0) -> str | None:
         try:
             verdict = self.store.gate(self.root, kind, self.limits, reserve)
+            if verdict.lost:
+                log.warning("budget of tree %s was lost; rebuilding it from SQL", self.root)
+                self.store.open(self.root, seed_totals(self.db, self.root))
+                verdict = self.store.gate(self.root, kind, self.limits, reserve)
         except redis.RedisError as exc:
             log.warning("budget store unreachable; %s of tree %s allowed: %s", kind, self.root, exc)
             return None
@@ -82,11 +87,13 @@ def estimate_tokens(messages: list[Message]) -> int:
 def open_budget(
     store: BudgetStore, db: Database, limits: Limits, run: Run, currency: str
 ) -> TreeBudget:
+    fresh_root = run.id == run.root_run_id and run.continued_from_run_id is None
+    seed = Totals() if fresh_root and run.fence == 1 else seed_totals(db, run.root_run_id)
     try:
-        store.open(run.root_run_id, seed_totals(db, run.root_run_id))
+        store.open(run.root_run_id, seed)
     except redis.RedisError as exc:
         log.warning("budget store unreachable when opening tree %s: %s", run.root_run_id, exc)
-    return TreeBudget(store, limits, run.root_run_id, currency)
+    return TreeBudget(store, limits, run.root_run_id, currency, db)
 
 
 def seed_totals(db: Database, root: str) -> Totals:

@@ -64,7 +64,6 @@ class RunDispatcher:
             error = RunError("enqueue_failed", ErrorClass.INFRASTRUCTURE, str(exc))
             self.store.fail_unsent(run.id, error)
             raise
-        self.store.mark_enqueued(run.id)
         return run
 
     def resend(self, run_id: str) -> bool:

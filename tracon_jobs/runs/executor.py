@@ -111,12 +111,11 @@ class RunExecutor:
         if self.rt.draining.is_set():  # left Queued: the requeue scan sends it elsewhere
             log.info("draining: run %s not claimed", run_id)
             return "draining"
-        claim = self.rt.runs.claim(run_id, self.rt.owner_id)
-        if claim is None:
+        claimed = self.rt.runs.claim_and_load(run_id, self.rt.owner_id)
+        if claimed is None:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
             return "dropped"
-        run = self.rt.runs.get(run_id)
-        assert run is not None
+        claim, run = claimed
         signal = AbortSignal()
         self.rt.live_runs.register(claim, signal)
         if run.cancel_requested_at is not None:  # canceled between its claim and now
@@ -169,7 +168,7 @@ class RunExecutor:
         if agent is None:
             raise _config_failure(f"agent '{run.agent}' is not configured")
         tools = self._resolve_tools(agent)
-        first_call = self.ledger.next_turn(run.id)
+        first_call = 0 if claim.fence == 1 else self.ledger.next_turn(run.id)
         chain = chain_ledger(self.rt, run)
         limits = Limits.from_settings(self.rt.settings.agent_graph)
         budget = open_budget(

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, or_, select, update
+from sqlalchemy import and_, case, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -115,15 +115,14 @@ class RunStore:
             cost_source="Configured",
             fence=0,
             event_seq=1,
-            enqueue_count=0,
+            enqueued_at=now,  # the caller sends right after; the requeue scan covers a crash
+            enqueue_count=1,
             created_at=now,
         )
         with self.db.write() as session:
             session.add(run)
             session.flush()
-            session.add(
-                RunEvent(run_id=run.id, seq=1, type="RunQueued", at=now, data={"agent": new.agent})
-            )
+            _insert_event(session, run.id, 1, "RunQueued", now, {"agent": new.agent})
         self.publish(Event(run.id, 1, "RunQueued", now, {"agent": new.agent}))
         return run
 
@@ -163,9 +162,14 @@ class RunStore:
 
     def claim(self, run_id: str, owner: str) -> Claim | None:
         """`Queued` -> `Running` with a new fence; None when the row is in any other state."""
+        claimed = self.claim_and_load(run_id, owner)
+        return None if claimed is None else claimed[0]
+
+    def claim_and_load(self, run_id: str, owner: str) -> tuple[Claim, Run] | None:
+        """The claim and the claimed row, from the one guarded UPDATE ... RETURNING."""
         now = self.db.now()
         with self.db.write() as session:
-            fence = session.execute(
+            run = session.scalars(
                 update(Run)
                 .where(Run.id == run_id, Run.status == RunStatus.QUEUED.value)
                 .values(
@@ -176,17 +180,14 @@ class RunStore:
                     heartbeat_at=now,
                     event_seq=Run.event_seq + 1,
                 )
-                .returning(Run.fence, Run.event_seq)
+                .returning(Run)
+                .execution_options(synchronize_session=False)
             ).one_or_none()
-            if fence is None:
+            if run is None:
                 return None
-            session.add(
-                RunEvent(
-                    run_id=run_id, seq=fence[1], type="RunStarted", at=now, data={"owner": owner}
-                )
-            )
-        self.publish(Event(run_id, fence[1], "RunStarted", now, {"owner": owner}))
-        return Claim(run_id=run_id, fence=fence[0], owner=owner)
+            _insert_event(session, run_id, run.event_seq, "RunStarted", now, {"owner": owner})
+        self.publish(Event(run_id, run.event_seq, "RunStarted", now, {"owner": owner}))
+        return Claim(run_id=run_id, fence=run.fence, owner=owner), run
 
     def append(
         self, claim: Claim | None, type_: str, data: dict[str, Any], *, run_id: str | None = None
@@ -220,7 +221,7 @@ class RunStore:
         if seq is None:
             raise RunTakenAway(f"run {target} is no longer owned by fence {claim and claim.fence}")
         at = self.db.now()
-        session.add(RunEvent(run_id=target, seq=seq, type=type_, at=at, data=data))
+        _insert_event(session, target, seq, type_, at, data)
         return Event(run_id=target, seq=seq, type=type_, at=at, data=data)
 
     def record_spend(self, claim: Claim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
@@ -323,7 +324,7 @@ class RunStore:
             if error is not None:
                 data["error"] = error.as_json()
             type_ = TERMINAL_EVENT[status]
-            session.add(RunEvent(run_id=run_id, seq=seq, type=type_, at=now, data=data))
+            _insert_event(session, run_id, seq, type_, now, data)
         return self.publish(Event(run_id=run_id, seq=seq, type=type_, at=now, data=data))
 
     # -- liveness, cancellation, reconciliation ----------------------------------------
@@ -474,3 +475,10 @@ def _worst_source(source: str) -> Any:
     if source == "Unknown":
         return literal("Unknown")
     return case((Run.cost_source == "Unknown", literal("Unknown")), else_=literal(source))
+
+
+def _insert_event(
+    session: Session, run_id: str, seq: int, type_: str, at: datetime, data: dict[str, Any]
+) -> None:
+    """A Core insert: events are append-only, they never need the ORM's unit of work."""
+    session.execute(insert(RunEvent).values(run_id=run_id, seq=seq, type=type_, at=at, data=data))

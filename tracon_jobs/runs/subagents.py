@@ -63,7 +63,6 @@ def start_child(runtime: Runtime, parent: Run, agent: str, message: str) -> str:
     )
     try:
         runtime.dispatcher.send(child.id)
-        runtime.runs.mark_enqueued(child.id)
     except EnqueueError as exc:
         log.warning("child %s not sent (%s); the parent runs it", child.id, exc)
     return child.id

@@ -4,10 +4,14 @@
 -- ARGV[2] token limit (-1 none)   ARGV[3] cost limit nanos (-1 none)
 -- ARGV[4] duration limit ms (-1 none)   ARGV[5] run limit (-1 none)
 -- ARGV[6] tokens to reserve (model calls)
--- Returns {refused limit name or '', tokens, reserved, cost_nanos, children, elapsed_ms}
+-- Returns {refused limit name or '' ('?' when the budget is gone), tokens, reserved,
+--          cost_nanos, children, elapsed_ms}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local b = KEYS[1]
+if redis.call('EXISTS', b) == 0 then
+  return {'?', 0, 0, 0, 0, 0}  -- lost (a flushed Redis): the caller re-seeds it from SQL
+end
 local tokens = tonumber(redis.call('HGET', b, 'tokens') or '0')
 local reserved = tonumber(redis.call('HGET', b, 'reserved') or '0')
 local cost = tonumber(redis.call('HGET', b, 'cost_nanos') or '0')
