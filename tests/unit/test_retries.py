@@ -132,7 +132,7 @@ def test_retry_on_can_say_no() -> None:
 
 
 def test_a_late_result_after_a_timeout_is_never_consumed() -> None:
-    spec, handler = register("read", False, "timeout")
+    spec, _handler = register("read", False, "timeout")
     started = time.monotonic()
     with pytest.raises(ToolError) as failure:
         run_with_retries(spec, {"order_id": "o"}, context(), on_retry=lambda *_: None)
