@@ -51,6 +51,8 @@ RUN_SCHEMA: dict[str, Any] = {
         "startedAt": {"type": ["string", "null"]},
         "endedAt": {"type": ["string", "null"]},
         "heartbeatAt": {"type": ["string", "null"]},
+        "cancelRequestedAt": {"type": ["string", "null"]},
+        "attempts": {"type": "array", "items": {"type": "object"}},
     },
 }
 
@@ -147,6 +149,28 @@ def document() -> dict[str, Any]:
                     "The run's events; Accept: text/event-stream follows live",
                     {"200": {"description": "events in order"}},
                     parameters=[RUN_ID],
+                )
+            },
+            "/api/runs/{id}/cancel": {
+                "post": _op(
+                    "Cancel a run and its descendants, wherever they execute",
+                    {
+                        "202": {"description": "the request is persisted and announced"},
+                        "409": PROBLEM,
+                    },
+                    parameters=[RUN_ID],
+                )
+            },
+            "/api/circuits": {
+                "get": _op(
+                    "Circuit and concurrency slots per provider",
+                    {"200": {"description": "one item per configured provider"}},
+                )
+            },
+            "/api/statistics/runs": {
+                "get": _op(
+                    "Counts, tokens and cost, grouped byModel (the model that answered)",
+                    {"200": {"description": "statistics of the tenant's runs"}},
                 )
             },
             "/api/runs/{id}/tree": {

@@ -1,7 +1,7 @@
-"""Submitting runs: the row first, then the message, then the record that it was sent.
+"""Submitting runs: the row first (with its enqueue time), then the message.
 
-A crash between the row and the message leaves a `Queued` run with no `enqueued_at`,
-which the requeue scan sends; a broker that refuses the message closes the run `Failed`
+A crash between the row and the message leaves a `Queued` run that the requeue scan sends
+after `Runs.RequeueAfter`; a broker that refuses the message closes the run `Failed`
 (`enqueue_failed`) and the caller gets a 503, so nothing accepted is silently lost.
 """
 

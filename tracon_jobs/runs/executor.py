@@ -98,6 +98,8 @@ class Execution:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     chain: ChainLedger = field(default_factory=ChainLedger)  # what a continued run recorded
     budget: TreeBudget | None = None
+    link_first_call: int = 0  # the first ledger turn of the current fallback link
+    answered: set[str] = field(default_factory=set)  # executions the ledger already answered
 
 
 class RunExecutor:
@@ -227,6 +229,7 @@ class RunExecutor:
     def _link_loop(self, ex: Execution, link: Link) -> dict[str, Any]:
         """One link's whole tool-call loop, under one circuit admission."""
         started = time.monotonic()
+        ex.link_first_call = ex.next_call
         try:
             ticket = self.rt.breaker.admit(link.provider_name)
         except ProviderError as exc:  # the circuit is open: the provider is never called
@@ -501,13 +504,22 @@ class RunExecutor:
     def _answer_from_ledger(
         self, ex: Execution, call: ToolCall, arguments: dict[str, Any]
     ) -> ToolOutcome | None:
-        """On a fallback link, an exact repeat of a completed call of this turn is not rerun."""
+        """On a fallback link, a call an earlier link of this turn completed is not rerun.
+
+        Only calls of the earlier links count (a repeat within one link is a new execution),
+        and each of their executions answers at most once.
+        """
         found = self.ledger.completed(
-            ex.claim.run_id, call.name, arguments_hash(arguments), since_turn=ex.first_call
+            ex.claim.run_id,
+            call.name,
+            arguments_hash(arguments),
+            turns=(ex.first_call, ex.link_first_call),
+            exclude=frozenset(ex.answered),
         )
         if found is None:
             return None
         execution_id, outcome = found
+        ex.answered.add(execution_id)
         self.rt.runs.append(
             ex.claim,
             "ToolCallAnsweredFromLedger",

@@ -161,9 +161,16 @@ class Ledger:
         return 0 if last is None else last + 1
 
     def completed(
-        self, run_id: str, tool: str, args_hash: str, *, since_turn: int
+        self,
+        run_id: str,
+        tool: str,
+        args_hash: str,
+        *,
+        turns: tuple[int, int],
+        exclude: frozenset[str] = frozenset(),
     ) -> tuple[str, ToolOutcome] | None:
-        """The latest succeeded execution of exactly this call (tool, canonical arguments)."""
+        """The first succeeded execution of exactly this call (tool, canonical arguments)
+        with a ledger turn in `[start, end)`, other than the executions in `exclude`."""
         query = (
             select(ToolCallRecord)
             .where(
@@ -171,9 +178,11 @@ class Ledger:
                 ToolCallRecord.tool == tool,
                 ToolCallRecord.args_hash == args_hash,
                 ToolCallRecord.status == "succeeded",
-                ToolCallRecord.turn >= since_turn,
+                ToolCallRecord.turn >= turns[0],
+                ToolCallRecord.turn < turns[1],
+                ToolCallRecord.execution_id.not_in(exclude),
             )
-            .order_by(ToolCallRecord.id.desc())
+            .order_by(ToolCallRecord.id)
             .limit(1)
         )
         with self.store.db.read() as session:

@@ -3,6 +3,11 @@
 The run row hands out event sequence numbers (`event_seq`), so appending an event is one
 guarded `UPDATE ... RETURNING` plus an insert in the same transaction: the fence check and
 the ordering come from the same statement, on SQLite and PostgreSQL alike.
+
+The executor's writes (claim, append, spend, turn, close) are Core statements built once at
+import, with bind parameters: per call only the parameters change, so SQLAlchemy neither
+rebuilds them nor takes the ORM's bulk-update path, and its compiled cache always hits. The
+time they record is read inside the statement (`StatementClock`), not in a round trip first.
 """
 
 from __future__ import annotations
@@ -12,19 +17,98 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, case, func, insert, literal, or_, select, update
-from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy import Column, Table, and_, bindparam, case, func, insert, or_, select, update
+from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.sql.dml import Update
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from tracon_jobs.coordination.event_feed import EventFeed
 from tracon_jobs.db import Database
+from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Run, RunEvent
 from tracon_jobs.errors import RunTakenAway
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENT, Claim, ErrorClass, RunError, RunStatus
 
 LIVE = [RunStatus.QUEUED.value, RunStatus.RUNNING.value, RunStatus.WAITING.value]
+
+RUNS = cast(Table, Run.__table__)
+EVENTS = cast(Table, RunEvent.__table__)
+
+
+def _param(column: Column[Any]) -> BindParameter[Any]:
+    """A bind parameter typed like `column` (JSON, DateTime), named apart from the columns."""
+    return bindparam(f"p_{column.key}", type_=column.type)
+
+
+def _next_seq(*guard: ColumnElement[bool]) -> Update:
+    """Hand out the run's next event seq (and the time) where `guard` still holds."""
+    return (
+        update(RUNS)
+        .where(RUNS.c.id == _param(RUNS.c.id), *guard)
+        .values(event_seq=RUNS.c.event_seq + 1)
+        .returning(RUNS.c.event_seq, StatementClock())
+    )
+
+
+_NOW = StatementClock()
+_OWNED = (RUNS.c.fence == _param(RUNS.c.fence), RUNS.c.status == RunStatus.RUNNING.value)
+_APPEND = _next_seq()
+_APPEND_FENCED = _next_seq(*_OWNED)
+_APPEND_SPEND = _APPEND_FENCED.values(
+    model_id=_param(RUNS.c.model_id),
+    input_tokens=RUNS.c.input_tokens + _param(RUNS.c.input_tokens),
+    output_tokens=RUNS.c.output_tokens + _param(RUNS.c.output_tokens),
+    cost_amount=RUNS.c.cost_amount + _param(RUNS.c.cost_amount),
+    # once any call of a run had no price, the run's cost is `Unknown` for good
+    cost_source=case(
+        (RUNS.c.cost_source == "Unknown", "Unknown"), else_=_param(RUNS.c.cost_source)
+    ),
+)
+_APPEND_COST = _APPEND_FENCED.values(cost_amount=RUNS.c.cost_amount + _param(RUNS.c.cost_amount))
+_INSERT_EVENT = insert(EVENTS)
+_CLAIM = (
+    update(RUNS)
+    .where(RUNS.c.id == _param(RUNS.c.id), RUNS.c.status == RunStatus.QUEUED.value)
+    .values(
+        status=RunStatus.RUNNING.value,
+        fence=RUNS.c.fence + 1,
+        owner=_param(RUNS.c.owner),
+        started_at=func.coalesce(RUNS.c.started_at, _NOW),
+        heartbeat_at=_NOW,
+        event_seq=RUNS.c.event_seq + 1,
+    )
+    .returning(*RUNS.c)
+)
+_SAVE_TURN = (
+    update(RUNS)
+    .where(RUNS.c.id == _param(RUNS.c.id), *_OWNED)
+    .values(messages=_param(RUNS.c.messages), turns_completed=_param(RUNS.c.turns_completed))
+    .returning(RUNS.c.id)
+)
+_MARK_ENQUEUED = (
+    update(RUNS)
+    .where(RUNS.c.id == _param(RUNS.c.id))
+    .values(enqueued_at=_NOW, enqueue_count=RUNS.c.enqueue_count + 1)
+)
+_CLOSE = (
+    update(RUNS)
+    .where(RUNS.c.id == _param(RUNS.c.id), RUNS.c.status == bindparam("p_expected"))
+    .values(
+        status=_param(RUNS.c.status),
+        output=_param(RUNS.c.output),
+        ended_at=_NOW,
+        error_type=_param(RUNS.c.error_type),
+        error_class=_param(RUNS.c.error_class),
+        error_message=_param(RUNS.c.error_message),
+        error_retry_after=_param(RUNS.c.error_retry_after),
+        model_attempts=_param(RUNS.c.model_attempts),
+        event_seq=RUNS.c.event_seq + 1,
+    )
+    .returning(RUNS.c.event_seq, _NOW)
+)
+_CLOSE_FENCED = _CLOSE.where(RUNS.c.fence == _param(RUNS.c.fence))
 
 
 @dataclass(frozen=True)
@@ -93,7 +177,7 @@ class RunStore:
     def create(self, new: NewRun) -> Run:
         """Write the `Queued` row and its `RunQueued` event before any message is sent."""
         now = self.db.now()
-        run = Run(
+        row: dict[str, Any] = dict(
             id=new.id,
             tenant_id=new.tenant_id,
             agent=new.agent,
@@ -120,19 +204,14 @@ class RunStore:
             created_at=now,
         )
         with self.db.write() as session:
-            session.add(run)
-            session.flush()
-            _insert_event(session, run.id, 1, "RunQueued", now, {"agent": new.agent})
-        self.publish(Event(run.id, 1, "RunQueued", now, {"agent": new.agent}))
-        return run
+            session.execute(insert(RUNS), row)
+            _insert_event(session, new.id, 1, "RunQueued", now, {"agent": new.agent})
+        self.publish(Event(new.id, 1, "RunQueued", now, {"agent": new.agent}))
+        return _detached_run(row)
 
     def mark_enqueued(self, run_id: str) -> None:
         with self.db.write() as session:
-            session.execute(
-                update(Run)
-                .where(Run.id == run_id)
-                .values(enqueued_at=self.db.now(), enqueue_count=Run.enqueue_count + 1)
-            )
+            session.execute(_MARK_ENQUEUED, {"p_id": run_id, **self.db.clock_params()})
 
     def fail_unsent(self, run_id: str, error: RunError) -> bool:
         """Close a run whose message the broker refused, unless a worker has it already."""
@@ -167,24 +246,14 @@ class RunStore:
 
     def claim_and_load(self, run_id: str, owner: str) -> tuple[Claim, Run] | None:
         """The claim and the claimed row, from the one guarded UPDATE ... RETURNING."""
-        now = self.db.now()
+        params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params()}
         with self.db.write() as session:
-            run = session.scalars(
-                update(Run)
-                .where(Run.id == run_id, Run.status == RunStatus.QUEUED.value)
-                .values(
-                    status=RunStatus.RUNNING.value,
-                    fence=Run.fence + 1,
-                    owner=owner,
-                    started_at=func.coalesce(Run.started_at, now),
-                    heartbeat_at=now,
-                    event_seq=Run.event_seq + 1,
-                )
-                .returning(Run)
-                .execution_options(synchronize_session=False)
-            ).one_or_none()
-            if run is None:
+            row = session.execute(_CLAIM, params).one_or_none()
+            if row is None:
                 return None
+            run = _detached_run(row._asdict())
+            now = run.heartbeat_at
+            assert now is not None
             _insert_event(session, run_id, run.event_seq, "RunStarted", now, {"owner": owner})
         self.publish(Event(run_id, run.event_seq, "RunStarted", now, {"owner": owner}))
         return Claim(run_id=run_id, fence=run.fence, owner=owner), run
@@ -208,67 +277,73 @@ class RunStore:
         run_id: str | None = None,
     ) -> Event:
         """Append one event inside `session`; guarded by the fence when a claim is given."""
-        target = claim.run_id if claim else run_id
-        assert target is not None
-        statement = update(Run).where(Run.id == target)
+        if claim is None:
+            assert run_id is not None
+            return self._append(session, _APPEND, run_id, None, type_, data, {})
+        return self._append(session, _APPEND_FENCED, claim.run_id, claim, type_, data, {})
+
+    def _append(
+        self,
+        session: Session,
+        statement: Update,
+        run_id: str,
+        claim: Claim | None,
+        type_: str,
+        data: dict[str, Any],
+        params: dict[str, Any],
+    ) -> Event:
+        """Run `statement` (a `_next_seq` with more SET values maybe), then insert the event."""
+        params.update(self.db.clock_params(), p_id=run_id)
         if claim is not None:
-            statement = statement.where(
-                Run.fence == claim.fence, Run.status == RunStatus.RUNNING.value
-            )
-        seq = session.execute(
-            statement.values(event_seq=Run.event_seq + 1).returning(Run.event_seq)
-        ).scalar_one_or_none()
-        if seq is None:
-            raise RunTakenAway(f"run {target} is no longer owned by fence {claim and claim.fence}")
-        at = self.db.now()
-        _insert_event(session, target, seq, type_, at, data)
-        return Event(run_id=target, seq=seq, type=type_, at=at, data=data)
+            params["p_fence"] = claim.fence
+        row = session.execute(statement, params).one_or_none()
+        if row is None:
+            raise RunTakenAway(f"run {run_id} is no longer owned by fence {claim and claim.fence}")
+        seq, at = row
+        _insert_event(session, run_id, seq, type_, at, data)
+        return Event(run_id=run_id, seq=seq, type=type_, at=at, data=data)
 
     def record_spend(self, claim: Claim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
         """Add a model call's tokens and cost to the run, with its `ModelCallCompleted`."""
+        params = {
+            "p_model_id": spend.model_id,
+            "p_input_tokens": spend.input_tokens,
+            "p_output_tokens": spend.output_tokens,
+            "p_cost_amount": spend.cost,
+            "p_cost_source": spend.cost_source,
+        }
         with self.db.write() as session:
-            event = self.append_in(session, claim, "ModelCallCompleted", event_data)
-            self._add_spend(session, claim, spend)
+            event = self._append(
+                session,
+                _APPEND_SPEND,
+                claim.run_id,
+                claim,
+                "ModelCallCompleted",
+                event_data,
+                params,
+            )
         self.publish(event)
         return event
 
-    def _add_spend(self, session: Session, claim: Claim, spend: TurnSpend) -> None:
-        session.execute(
-            update(Run)
-            .where(Run.id == claim.run_id, Run.fence == claim.fence)
-            .values(
-                model_id=spend.model_id,
-                input_tokens=Run.input_tokens + spend.input_tokens,
-                output_tokens=Run.output_tokens + spend.output_tokens,
-                cost_amount=Run.cost_amount + spend.cost,
-                cost_source=_worst_source(spend.cost_source),
-            )
-        )
-
     def add_cost(self, claim: Claim, amount: Decimal, data: dict[str, Any]) -> None:
         """Spend a tool reported beyond tokens, with its `UsageReported` event."""
+        params = {"p_cost_amount": amount}
         with self.db.write() as session:
-            event = self.append_in(session, claim, "UsageReported", data)
-            session.execute(
-                update(Run)
-                .where(Run.id == claim.run_id, Run.fence == claim.fence)
-                .values(cost_amount=Run.cost_amount + amount)
+            event = self._append(
+                session, _APPEND_COST, claim.run_id, claim, "UsageReported", data, params
             )
         self.publish(event)
 
     def save_turn(self, claim: Claim, messages: Sequence[dict[str, Any]], turns: int) -> None:
         """Persist the conversation after a finished turn, so the run resumes from SQL."""
+        params = {
+            "p_id": claim.run_id,
+            "p_fence": claim.fence,
+            "p_messages": list(messages),
+            "p_turns_completed": turns,
+        }
         with self.db.write() as session:
-            changed = session.execute(
-                update(Run)
-                .where(
-                    Run.id == claim.run_id,
-                    Run.fence == claim.fence,
-                    Run.status == RunStatus.RUNNING.value,
-                )
-                .values(messages=list(messages), turns_completed=turns)
-                .returning(Run.id)
-            ).scalar_one_or_none()
+            changed = session.execute(_SAVE_TURN, params).scalar_one_or_none()
             if changed is None:
                 raise RunTakenAway(f"run {claim.run_id} was taken away")
 
@@ -295,29 +370,27 @@ class RunStore:
         attempts: list[dict[str, Any]] | None = None,
         extra_guard: Sequence[ColumnElement[bool]] = (),
     ) -> Event | None:
-        now = self.db.now()
-        guard = [Run.id == run_id, Run.status == expected.value, *extra_guard]
-        if claim is not None:
-            guard.append(Run.fence == claim.fence)
+        statement = _CLOSE if claim is None else _CLOSE_FENCED
+        if extra_guard:
+            statement = statement.where(*extra_guard)
+        params = {
+            "p_id": run_id,
+            "p_expected": expected.value,
+            "p_fence": claim and claim.fence,
+            "p_status": status.value,
+            "p_output": output,
+            "p_error_type": error.type if error else None,
+            "p_error_class": error.error_class.value if error else None,
+            "p_error_message": error.message if error else None,
+            "p_error_retry_after": error.retry_after if error else None,
+            "p_model_attempts": attempts,
+            **self.db.clock_params(),
+        }
         with self.db.write() as session:
-            seq = session.execute(
-                update(Run)
-                .where(*guard)
-                .values(
-                    status=status.value,
-                    output=output,
-                    ended_at=now,
-                    error_type=error.type if error else None,
-                    error_class=error.error_class.value if error else None,
-                    error_message=error.message if error else None,
-                    error_retry_after=error.retry_after if error else None,
-                    model_attempts=attempts,
-                    event_seq=Run.event_seq + 1,
-                )
-                .returning(Run.event_seq)
-            ).scalar_one_or_none()
-            if seq is None:
+            row = session.execute(statement, params).one_or_none()
+            if row is None:
                 return None
+            seq, now = row
             data: dict[str, Any] = {"status": status.value}
             if output is not None:
                 data["output"] = output
@@ -415,7 +488,7 @@ class RunStore:
         self, run: Run, status: RunStatus, error: RunError, silent_since: datetime
     ) -> Event | None:
         """Close a silent run, unless it heartbeated or changed hands since it was read."""
-        guard = [Run.fence == run.fence, Run.heartbeat_at < silent_since]
+        guard = [RUNS.c.fence == run.fence, RUNS.c.heartbeat_at < silent_since]
         return self._close(
             run.id, RunStatus(run.status), None, status, error=error, extra_guard=guard
         )
@@ -470,15 +543,17 @@ class RunStore:
             return list(session.scalars(query))
 
 
-def _worst_source(source: str) -> Any:
-    """Once any call of a run had no price, the run's cost is `Unknown` for good."""
-    if source == "Unknown":
-        return literal("Unknown")
-    return case((Run.cost_source == "Unknown", literal("Unknown")), else_=literal(source))
+def _detached_run(values: dict[str, Any]) -> Run:
+    """A `Run` from a whole row, as the ORM hands it out after its session closed."""
+    run = Run(**values)
+    make_transient_to_detached(run)
+    return run
 
 
 def _insert_event(
     session: Session, run_id: str, seq: int, type_: str, at: datetime, data: dict[str, Any]
 ) -> None:
     """A Core insert: events are append-only, they never need the ORM's unit of work."""
-    session.execute(insert(RunEvent).values(run_id=run_id, seq=seq, type=type_, at=at, data=data))
+    session.execute(
+        _INSERT_EVENT, {"run_id": run_id, "seq": seq, "type": type_, "at": at, "data": data}
+    )

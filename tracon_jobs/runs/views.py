@@ -45,4 +45,5 @@ def run_json(run: Run, tenant_name: str | None = None) -> dict[str, Any]:
         "startedAt": iso(run.started_at),
         "endedAt": iso(run.ended_at),
         "heartbeatAt": iso(run.heartbeat_at),
+        "cancelRequestedAt": iso(run.cancel_requested_at),
     }
