@@ -45,6 +45,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"tracon-jobs: {exc}", file=sys.stderr)
         return 78  # EX_CONFIG
+    except CommandError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+
+
+class CommandError(Exception):
+    """An operator command that cannot do what was asked (exit code 1)."""
+
+
+def _tenant(runtime: Any, name_or_id: str) -> str:
+    tenant_id: str | None = runtime.tenants.find_tenant(name_or_id)
+    if tenant_id is None:
+        raise CommandError(f"no tenant '{name_or_id}'")
+    return tenant_id
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -262,10 +276,7 @@ def cmd_tenants_create(args: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_keys_create(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = _runtime()
-    tenant_id = runtime.tenants.find_tenant(args.tenant)
-    if tenant_id is None:
-        print(f"no tenant '{args.tenant}'", file=sys.stderr)
-        return 1
+    tenant_id = _tenant(runtime, args.tenant)
     print(f"api key (shown once): {runtime.tenants.issue_key(tenant_id).secret}")
     return 0
 
@@ -274,10 +285,7 @@ def cmd_runs_list(args: argparse.Namespace, rest: list[str]) -> int:
     from tracon_jobs.runs.store import RunFilter
 
     runtime = _runtime()
-    tenant_id = runtime.tenants.find_tenant(args.tenant)
-    if tenant_id is None:
-        print(f"no tenant '{args.tenant}'", file=sys.stderr)
-        return 1
+    tenant_id = _tenant(runtime, args.tenant)
     runs = runtime.runs.page(
         tenant_id, RunFilter(status=args.status), limit=args.limit, before=None
     )
@@ -309,10 +317,7 @@ def cmd_idempotency_list(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = _runtime()
     tenant_id = None
     if args.tenant:
-        tenant_id = runtime.tenants.find_tenant(args.tenant)
-        if tenant_id is None:
-            print(f"no tenant '{args.tenant}'", file=sys.stderr)
-            return 1
+        tenant_id = _tenant(runtime, args.tenant)
     records = IdempotencyStore(runtime.db).list_in_progress(tenant_id, limit=args.limit)
     if not records:
         print("no InProgress idempotency records")
@@ -328,10 +333,7 @@ def cmd_idempotency_release(args: argparse.Namespace, rest: list[str]) -> int:
     from tracon_jobs.idempotency import IdempotencyStore
 
     runtime = _runtime()
-    tenant_id = runtime.tenants.find_tenant(args.tenant)
-    if tenant_id is None:
-        print(f"no tenant '{args.tenant}'", file=sys.stderr)
-        return 1
+    tenant_id = _tenant(runtime, args.tenant)
     if not IdempotencyStore(runtime.db).release(tenant_id, args.key):
         detail = f"no InProgress record for key '{args.key}' of tenant '{args.tenant}'"
         print(detail, file=sys.stderr)

@@ -7,13 +7,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from tests.conftest import scripted_agent
 from tests.e2e.cluster import Cluster, Process, wait_until
@@ -21,30 +20,6 @@ from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def flags(tmp_path: Path) -> Path:
-    directory = tmp_path / "flags"
-    directory.mkdir()
-    return directory
-
-
-@pytest.fixture
-def make_cluster(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis, flags: Path
-) -> Iterator[Callable[..., Cluster]]:
-    clusters: list[Cluster] = []
-
-    def make(sql_url: str, **sections: Any) -> Cluster:
-        cluster = Cluster.create(tmp_path, sql_url, redis_url, **sections)
-        cluster.env["TRACON_TEST_FLAGS"] = str(flags)
-        clusters.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in clusters:
-        cluster.stop_all()
 
 
 def slow(seconds: float) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,30 +36,6 @@ SCRIPT = [
 ]
 
 
-@pytest.fixture
-def flags(tmp_path: Path) -> Path:
-    directory = tmp_path / "flags"
-    directory.mkdir()
-    return directory
-
-
-@pytest.fixture
-def make_cluster(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis, flags: Path
-) -> Iterator[Callable[..., Cluster]]:
-    clusters: list[Cluster] = []
-
-    def make(sql_url: str, **sections: Any) -> Cluster:
-        cluster = Cluster.create(tmp_path, sql_url, redis_url, **sections)
-        cluster.env["TRACON_TEST_FLAGS"] = str(flags)
-        clusters.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in clusters:
-        cluster.stop_all()
-
-
 def lines(flags: Path, tool: str) -> list[str]:
     path = flags / f"{tool}.log"
     return path.read_text().splitlines() if path.exists() else []
@@ -73,6 +49,20 @@ def run_of(runtime: Runtime, run_id: str) -> Run:
 
 def events(runtime: Runtime, run_id: str) -> list[str]:
     return [e.type for e in runtime.runs.events(run_id)]
+
+
+def completed_continuation(runtime: Runtime, run_id: str) -> str:
+    """Wait for the continuation of an orphan, and for it to complete; its id."""
+    wait_until(lambda: "RunContinued" in events(runtime, run_id), timeout=15, what="continued")
+    continued = next(
+        e.data["continuationRunId"] for e in runtime.runs.events(run_id) if e.type == "RunContinued"
+    )
+    wait_until(
+        lambda: run_of(runtime, continued).status == "Completed",
+        timeout=30,
+        what="continuation completed",
+    )
+    return str(continued)
 
 
 def submit(runtime: Runtime, **fields: Any) -> str:
@@ -111,15 +101,7 @@ def test_a_run_killed_mid_tool_is_orphaned_then_continued_without_repeating_effe
     assert time.monotonic() - killed_at < 2 + 0.5 + 3
     assert run_of(runtime, run_id).error_type == "orphaned"
     # And a continuation completes it, without running record_step again
-    wait_until(lambda: "RunContinued" in events(runtime, run_id), timeout=10, what="continued")
-    continued = next(
-        e.data["continuationRunId"] for e in runtime.runs.events(run_id) if e.type == "RunContinued"
-    )
-    wait_until(
-        lambda: run_of(runtime, continued).status == "Completed",
-        timeout=30,
-        what="continuation completed",
-    )
+    continued = completed_continuation(runtime, run_id)
     assert run_of(runtime, continued).output == {"text": "all done"}
     assert len(lines(flags, "record_step")) == 1, "the completed write was not executed again"
     slow = lines(flags, "slow_step")
@@ -274,15 +256,7 @@ def test_a_frozen_zombie_never_produces_a_second_result(
     os.killpg(zombie.popen.pid, signal.SIGSTOP)
     (flags / "fast").touch()
     cluster.worker("survivor")
-    wait_until(lambda: "RunContinued" in events(runtime, run_id), timeout=15, what="continued")
-    continued = next(
-        e.data["continuationRunId"] for e in runtime.runs.events(run_id) if e.type == "RunContinued"
-    )
-    wait_until(
-        lambda: run_of(runtime, continued).status == "Completed",
-        timeout=30,
-        what="continuation completed",
-    )
+    continued = completed_continuation(runtime, run_id)
     closed = run_of(runtime, run_id)
 
     # When the zombie wakes up and finishes its tool

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -19,22 +18,6 @@ from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def make_cluster(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis
-) -> Iterator[Callable[..., Cluster]]:
-    clusters: list[Cluster] = []
-
-    def make(sql_url: str, **sections: Any) -> Cluster:
-        cluster = Cluster.create(tmp_path, sql_url, redis_url, **sections)
-        clusters.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in clusters:
-        cluster.stop_all()
 
 
 def status_of(runtime: Runtime, run_id: str) -> str:

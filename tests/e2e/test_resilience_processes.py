@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
 from celery.utils.nodenames import worker_direct
 
 from tests.conftest import scripted_agent
@@ -22,22 +20,6 @@ from tracon_jobs.runtime import Runtime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 HOST = socket.gethostname()
-
-
-@pytest.fixture
-def make_cluster(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis
-) -> Iterator[Callable[..., Cluster]]:
-    clusters: list[Cluster] = []
-
-    def make(sql_url: str, **sections: Any) -> Cluster:
-        cluster = Cluster.create(tmp_path, sql_url, redis_url, **sections)
-        clusters.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in clusters:
-        cluster.stop_all()
 
 
 def stub_agent(stub: StubProvider, **sections: Any) -> dict[str, Any]:

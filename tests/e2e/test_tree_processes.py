@@ -4,12 +4,10 @@ when every worker thread is a parent waiting for its child."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
 
 from tests.e2e.cluster import Cluster, wait_until
 from tracon_jobs.db.models import Run
@@ -56,22 +54,6 @@ def tree_config(graph: dict[str, Any], children: int = 3) -> dict[str, Any]:
         "ToolModules": ["tests.tools"],
         "AgentGraph": graph,
     }
-
-
-@pytest.fixture
-def make_cluster(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis
-) -> Iterator[Callable[..., Cluster]]:
-    clusters: list[Cluster] = []
-
-    def make(sql_url: str, **sections: Any) -> Cluster:
-        cluster = Cluster.create(tmp_path, sql_url, redis_url, **sections)
-        clusters.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in clusters:
-        cluster.stop_all()
 
 
 def run_tree(runtime: Runtime, timeout: float = 60) -> tuple[Run, list[Run]]:
