@@ -47,7 +47,9 @@ def create_celery(runtime: Runtime) -> Celery:
         worker_concurrency=settings.worker.concurrency,
         worker_send_task_events=True,
         worker_direct=True,  # a queue per worker: operators (and tests) can address one
-        task_send_sent_event=True,
+        # Flower follows tasks from the worker's events; a `task-sent` event per run would
+        # cost the web a second publish on every submission.
+        task_send_sent_event=False,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": 3600},

@@ -63,15 +63,18 @@ def ending(run: Run) -> Ending:
 
 def failed_ending(run: Run) -> Ending:
     if run.error_type == "provider_unavailable":
-        return Ending(503, {"Retry-After": str(retry_after_seconds())})
+        return Ending(503, {"Retry-After": str(retry_after_seconds(run))})
     if run.error_class == ErrorClass.QUOTA_EXCEEDED.value:
         return Ending(429)
     return Ending(502)
 
 
-def retry_after_seconds() -> int:
-    """An open circuit answers again after its break duration: the honest wait to suggest."""
-    seconds = runtime().settings.circuit_breaker.break_duration.total_seconds()
+def retry_after_seconds(run: Run) -> int:
+    """When the circuit that refused the run opens again (recorded with its error), else
+    the break duration: the honest wait to suggest."""
+    seconds = run.error_retry_after
+    if seconds is None:
+        seconds = runtime().settings.circuit_breaker.break_duration.total_seconds()
     return max(1, math.ceil(seconds))
 
 

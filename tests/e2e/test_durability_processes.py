@@ -256,7 +256,7 @@ def test_a_frozen_zombie_never_produces_a_second_result(
     os.killpg(zombie.popen.pid, signal.SIGSTOP)
     (flags / "fast").touch()
     cluster.worker("survivor")
-    continued = completed_continuation(runtime, run_id)
+    completed_continuation(runtime, run_id)
     closed = run_of(runtime, run_id)
 
     # When the zombie wakes up and finishes its tool

@@ -359,6 +359,24 @@ def test_a_run_still_going_after_the_buffered_wait_answers_202_and_replays_it(
     assert len(runs_of(rt)) == 1
 
 
+def test_a_canceled_run_answers_409_and_is_not_stored(
+    client: FlaskClient, key: str, runtime: Runtime
+) -> None:
+    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
+    answers: list[Any] = []
+    caller = threading.Thread(target=lambda: answers.append(post(client, key)))
+    caller.start()
+    wait_until(lambda: any(r.run_id for r in records(runtime)), "the run to be recorded")
+    run_id = records(runtime)[0].run_id
+
+    cancel = client.post(f"/api/runs/{run_id}/cancel", headers=headers(key, idem=None))
+    caller.join(10)
+
+    assert cancel.status_code == 202
+    assert answers[0].status_code == 409 and answers[0].get_json()["status"] == "Canceled"
+    assert records(runtime) == []
+
+
 @pytest.mark.parametrize(
     ("status", "error_type", "error_class", "expected", "header"),
     [

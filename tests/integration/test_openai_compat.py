@@ -381,3 +381,47 @@ def test_idempotency_disabled_on_v1_is_501(
 
     assert caught.value.status_code == 501 and caught.value.code == "idempotency_disabled"
     assert api_runs(base, key) == []
+
+
+def test_a_v1_run_is_cancellable_and_then_answers_409(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    rt, base, key = serve()
+    rt.__dict__["dispatcher"] = RunDispatcher(rt.runs, lambda run_id: None)  # stays Queued
+    outcome: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            client_for(base, key).chat.completions.create(model="demo", messages=USER)
+        except openai.APIStatusError as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=ask)
+    caller.start()
+    deadline = time.monotonic() + 10
+    while not api_runs(base, key) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    run_id = api_runs(base, key)[0]["id"]
+
+    cancel = httpx.post(
+        f"{base}/api/runs/{run_id}/cancel", headers={"Authorization": f"Bearer {key}"}
+    )
+    caller.join(10)
+
+    assert cancel.status_code == 202
+    [error] = outcome
+    assert isinstance(error, openai.ConflictError) and error.status_code == 409
+    assert api_runs(base, key)[0]["status"] == "Canceled"
+
+
+def test_openapi_describes_the_v1_routes_and_the_key(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, _ = serve()
+
+    paths = httpx.get(f"{base}/openapi.json").json()["paths"]
+
+    for path in ("/v1/chat/completions", "/v1/responses", "/api/agents/{name}/run"):
+        names = [p["name"] for p in paths[path]["post"]["parameters"]]
+        assert "Idempotency-Key" in names
+        assert {"409", "422", "501"} <= set(paths[path]["post"]["responses"])

@@ -320,3 +320,33 @@ def test_slots_bound_calls_in_flight_to_a_provider(
     assert len(stub_provider.requests) == 6
     assert stub_provider.peak_in_progress == 2
     assert runtime.slots.usage("a").in_use == 0
+
+
+def test_a_buffered_response_for_an_open_circuit_is_503_with_retry_after(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+    stub_provider: StubProvider,
+) -> None:
+    from tracon_jobs.runs.dispatch import RunDispatcher
+    from web import create_app
+
+    breaker = {"FailureThreshold": 1, "BreakDuration": "00:02:00"}
+    runtime = make_runtime(sqlite_url, **chain(stub_provider, CircuitBreaker=breaker))
+    runtime.__dict__["dispatcher"] = RunDispatcher(
+        runtime.runs,
+        lambda run_id: threading.Thread(target=runtime.executor.execute, args=(run_id,)).start(),
+    )
+    stub_provider.default = error(500)
+    run_once(runtime)  # opens the circuit
+    client = create_app(runtime, {"TESTING": True}).test_client()
+    key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
+
+    response = client.post(
+        "/api/agents/demo/run",
+        json={"message": "go"},
+        headers={"Authorization": f"Bearer {key}", "Idempotency-Key": "k-1"},
+    )
+
+    assert response.status_code == 503
+    assert 100 < int(response.headers["Retry-After"]) <= 120
+    assert response.get_json()["error"]["type"] == "provider_unavailable"

@@ -20,6 +20,14 @@ log = logging.getLogger(__name__)
 STREAM_MAXLEN = 100
 STREAM_TTL_SECONDS = 24 * 3600
 
+PUBLISH_LUA = """
+-- KEYS[1]: the run's stream. ARGV: seq, maxlen (approximate), ttl seconds.
+-- The append and its TTL in one call: one round trip, and the stream never outlives its
+-- last event by more than the TTL (a pipelined XADD + EXPIRE costs two replies to parse).
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'seq', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+"""
+
 
 class EventFeed(Protocol):
     def publish(self, run_id: str, seq: int) -> None: ...
@@ -37,17 +45,14 @@ class RedisEventFeed:
     def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
         self.client = client
         self.prefix = prefix
+        self._publish = client.register_script(PUBLISH_LUA)  # reloads itself after a flush
 
     def key(self, run_id: str) -> str:
         return f"{self.prefix}:run-events:{run_id}"
 
     def publish(self, run_id: str, seq: int) -> None:
-        key = self.key(run_id)
         try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.xadd(key, {"seq": seq}, maxlen=STREAM_MAXLEN, approximate=True)
-            pipe.expire(key, STREAM_TTL_SECONDS)
-            pipe.execute()
+            self._publish(keys=[self.key(run_id)], args=[seq, STREAM_MAXLEN, STREAM_TTL_SECONDS])
         except redis.RedisError as exc:  # SQL has the event; tails fall back to polling
             log.warning("event feed publish failed for run %s: %s", run_id, exc)
 

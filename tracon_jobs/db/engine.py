@@ -9,6 +9,7 @@ Engines are created after fork: a pooled connection must never cross a process b
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,9 +17,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import DateTime, Engine, bindparam, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -29,6 +34,34 @@ def normalize_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+class StatementClock(FunctionElement[datetime]):
+    """The database clock read inside the statement that needs it: no extra round trip.
+
+    PostgreSQL: `statement_timestamp()` in UTC, one value however often the statement
+    names it (a claim's `started_at`, `heartbeat_at` and event time are the same instant).
+    SQLite: the bound parameter `now` (`Database.clock_params`), this host's clock, as in
+    `Database.now` (a SQLite file is local to one host).
+    """
+
+    type = DateTime()
+    name = "statement_clock"
+    inherit_cache = True
+
+
+CLOCK_PARAM = "now"
+_CLOCK_BIND = bindparam(CLOCK_PARAM, type_=DateTime())
+
+
+@compiles(StatementClock)
+def _bound_clock(element: StatementClock, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(_CLOCK_BIND, **kw)
+
+
+@compiles(StatementClock, "postgresql")
+def _postgres_clock(element: StatementClock, compiler: SQLCompiler, **kw: Any) -> str:
+    return "(statement_timestamp() AT TIME ZONE 'UTC')"
 
 
 class Database:
@@ -75,11 +108,15 @@ class Database:
         A SQLite file is local to one host, so its clock is this host's clock.
         """
         if self.is_sqlite:
-            return datetime.now(UTC).replace(tzinfo=None)
+            return _utc_now()
         with self.engine.connect() as conn:
             value = conn.execute(text("SELECT clock_timestamp() AT TIME ZONE 'UTC'")).scalar_one()
         assert isinstance(value, datetime)
         return value
+
+    def clock_params(self) -> dict[str, Any]:
+        """The parameters a statement with a `StatementClock` needs (none on PostgreSQL)."""
+        return {CLOCK_PARAM: _utc_now()} if self.is_sqlite else {}
 
     def dispose(self) -> None:
         with self._lock:
@@ -118,6 +155,10 @@ class Database:
         return engine
 
 
+def _utc_now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
 def _ensure_sqlite_dir(url: str) -> None:
     database = make_url(url).database
     if database and database != ":memory:":
@@ -137,5 +178,11 @@ def _install_sqlite_hooks(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
+        # straight to the driver: `exec_driver_sql` costs a whole statement execution,
+        # paid by every transaction; a failure is still SQLAlchemy's OperationalError
         read_only = conn.get_execution_options().get("tracon_read_only", False)
-        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        statement = "BEGIN" if read_only else "BEGIN IMMEDIATE"
+        try:
+            conn.connection.driver_connection.execute(statement)
+        except sqlite3.Error as exc:
+            raise OperationalError(statement, None, exc) from exc
