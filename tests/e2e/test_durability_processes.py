@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import redis
 from sqlalchemy import update
 
 from tests.conftest import scripted_agent
-from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.stub_provider import StubProvider, hang, reply
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import NewRun
@@ -70,24 +71,54 @@ def submit(runtime: Runtime, **fields: Any) -> str:
     return runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "go"}, **fields)).id
 
 
+@dataclass
+class Crashable:
+    cluster: Cluster
+    owner: Process  # the worker executing the run
+    runtime: Runtime
+    run_id: str
+
+
+def run_inside_a_tool(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: Callable[..., Runtime],
+    sql_url: str,
+    flags: Path,
+    script: list[dict[str, Any]],
+    tools: list[str],
+    in_tool: str,
+) -> Crashable:
+    """A run on one worker (with beat, reconciliation and continuation on), inside `in_tool`."""
+    sections = scripted_agent(script, tools) | {
+        "RunReconciliation": FAST_RECONCILE,
+        "RunContinuation": {"Enabled": True},
+    }
+    cluster = make_cluster(sql_url, **sections)
+    owner = cluster.worker("owner")
+    cluster.start("beat", "beat")
+    runtime = make_runtime(sql_url, **sections)
+    run_id = submit(runtime, session_id="support-42")
+    wait_until(lambda: len(lines(flags, in_tool)) == 1, timeout=30, what=f"{in_tool} started")
+    return Crashable(cluster, owner, runtime, run_id)
+
+
 def test_a_run_killed_mid_tool_is_orphaned_then_continued_without_repeating_effects(
     make_cluster: Callable[..., Cluster],
     make_runtime: Callable[..., Runtime],
     sqlite_url: str,
     flags: Path,
 ) -> None:
-    sections = scripted_agent(SCRIPT, ["record_step", "slow_step"]) | {
-        "RunReconciliation": FAST_RECONCILE,
-        "RunContinuation": {"Enabled": True},
-    }
-    cluster = make_cluster(sqlite_url, **sections)
-    doomed = cluster.worker("doomed")
-    cluster.start("beat", "beat")
-    runtime = make_runtime(sqlite_url, **sections)
-    run_id = submit(runtime, session_id="support-42")
-
     # Given the worker completed record_step and is inside slow_step
-    wait_until(lambda: len(lines(flags, "slow_step")) == 1, timeout=30, what="slow_step started")
+    crash = run_inside_a_tool(
+        make_cluster,
+        make_runtime,
+        sqlite_url,
+        flags,
+        SCRIPT,
+        ["record_step", "slow_step"],
+        "slow_step",
+    )
+    cluster, doomed, runtime, run_id = crash.cluster, crash.owner, crash.runtime, crash.run_id
     assert lines(flags, "record_step")[0].startswith("A ")
 
     # When it is killed, and another worker is there
@@ -118,16 +149,10 @@ def test_a_destructive_tool_in_flight_at_the_crash_blocks_continuation(
         {"ToolCalls": [{"Name": "wipe_records", "Arguments": {"seconds": 60}}]},
         {"Text": "wiped"},
     ]
-    sections = scripted_agent(script, ["wipe_records"]) | {
-        "RunReconciliation": FAST_RECONCILE,
-        "RunContinuation": {"Enabled": True},
-    }
-    cluster = make_cluster(sqlite_url, **sections)
-    doomed = cluster.worker("doomed")
-    cluster.start("beat", "beat")
-    runtime = make_runtime(sqlite_url, **sections)
-    run_id = submit(runtime, session_id="s")
-    wait_until(lambda: len(lines(flags, "wipe_records")) == 1, timeout=30, what="wipe started")
+    crash = run_inside_a_tool(
+        make_cluster, make_runtime, sqlite_url, flags, script, ["wipe_records"], "wipe_records"
+    )
+    cluster, doomed, runtime, run_id = crash.cluster, crash.owner, crash.runtime, crash.run_id
 
     doomed.kill9()
     cluster.worker("survivor")  # periodic tasks run on workers; beat only schedules them
@@ -241,16 +266,10 @@ def test_a_frozen_zombie_never_produces_a_second_result(
         {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 60}}]},
         {"Text": "done"},
     ]
-    sections = scripted_agent(script, ["slow_step"]) | {
-        "RunReconciliation": FAST_RECONCILE,
-        "RunContinuation": {"Enabled": True},
-    }
-    cluster = make_cluster(sqlite_url, **sections)
-    zombie = cluster.worker("zombie")
-    cluster.start("beat", "beat")
-    runtime = make_runtime(sqlite_url, **sections)
-    run_id = submit(runtime, session_id="s")
-    wait_until(lambda: len(lines(flags, "slow_step")) == 1, timeout=30, what="in the tool")
+    crash = run_inside_a_tool(
+        make_cluster, make_runtime, sqlite_url, flags, script, ["slow_step"], "slow_step"
+    )
+    cluster, zombie, runtime, run_id = crash.cluster, crash.owner, crash.runtime, crash.run_id
 
     # Given the owner freezes (no heartbeats) and is reconciled; a continuation completes
     os.killpg(zombie.popen.pid, signal.SIGSTOP)
