@@ -71,19 +71,7 @@ class Ledger:
                 "ToolCallStarted",
                 {"tool": tool, "callId": call_id, "turn": turn, "executionId": execution_id},
             )
-            row = ToolCallRecord(
-                run_id=claim.run_id,
-                turn=turn,
-                call_id=call_id,
-                tool=tool,
-                args_hash=arguments_hash(arguments),
-                arguments=arguments,
-                execution_id=execution_id,
-                idempotency_key=key,
-                status="started",
-                attempt=1,
-                started_at=event.at,
-            )
+            row = _record(claim, turn, call_id, tool, arguments, execution_id, key, event.at)
             session.add(row)
             session.flush()
             entry = LedgerEntry(id=row.id, execution_id=execution_id, idempotency_key=key)
@@ -111,24 +99,22 @@ class Ledger:
         }
         with self.store.db.write() as session:
             event = self.store.append_in(session, claim, "ToolCallFailed", data)
-            session.add(
-                ToolCallRecord(
-                    run_id=claim.run_id,
-                    turn=turn,
-                    call_id=call_id,
-                    tool=tool,
-                    args_hash=arguments_hash(arguments),
-                    arguments=arguments,
-                    execution_id=execution_id,
-                    idempotency_key=f"tj-{execution_id}",
-                    status="failed",
-                    error_code=outcome.error_code,
-                    error_message=outcome.error_message,
-                    attempt=0,
-                    started_at=event.at,
-                    ended_at=event.at,
-                )
+            row = _record(
+                claim,
+                turn,
+                call_id,
+                tool,
+                arguments,
+                execution_id,
+                f"tj-{execution_id}",
+                event.at,
+                status="failed",
+                attempt=0,
+                error_code=outcome.error_code,
+                error_message=outcome.error_message,
+                ended_at=event.at,
             )
+            session.add(row)
         self.store.publish(event)
 
     def finish(self, claim: Claim, entry: LedgerEntry, tool: str, outcome: ToolOutcome) -> None:
@@ -191,3 +177,30 @@ class Ledger:
             return None
         result = (row.result or {}).get("value")
         return row.execution_id, ToolOutcome(ok=True, result=result, attempts=row.attempt)
+
+
+def _record(
+    claim: Claim,
+    turn: int,
+    call_id: str,
+    tool: str,
+    arguments: dict[str, Any],
+    execution_id: str,
+    key: str,
+    at: Any,
+    **outcome: Any,
+) -> ToolCallRecord:
+    """A ledger row: `started` unless `outcome` says how it already ended."""
+    fields: dict[str, Any] = {"status": "started", "attempt": 1, **outcome}
+    return ToolCallRecord(
+        run_id=claim.run_id,
+        turn=turn,
+        call_id=call_id,
+        tool=tool,
+        args_hash=arguments_hash(arguments),
+        arguments=arguments,
+        execution_id=execution_id,
+        idempotency_key=key,
+        started_at=at,
+        **fields,
+    )
