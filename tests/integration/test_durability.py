@@ -17,12 +17,13 @@ from beat_schedules.reconcile import scan_once
 from tests import tools
 from tests.conftest import scripted_agent
 from tests.stub_provider import StubProvider, hang, reply, tool_call
+from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, ToolCallRecord
 from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.ledger import ToolOutcome
 from tracon_jobs.runs.lifecycle import ErrorClass, RunError, RunStatus
-from tracon_jobs.runs.live import TAKEN_AWAY
-from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runs.live import TAKEN_AWAY, LiveRuns
+from tracon_jobs.runs.store import NewRun, RunStore
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.signal import AbortSignal
 from web import create_app
@@ -439,3 +440,32 @@ def test_continuation_is_refused_with_a_reason(
 
     blocked = [e.data for e in runtime.runs.events(run.id) if e.type == "RunContinuationBlocked"]
     assert reason in blocked[0]["reason"]
+
+
+def test_a_failed_heartbeat_is_logged_and_tried_again_at_the_next_interval(
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runtime = make_runtime(sqlite_url, **scripted_agent([]))
+    run = new_run(runtime)
+    claim = runtime.runs.claim(run.id, "me")
+    assert claim is not None
+    set_heartbeat(runtime, run.id, timedelta(minutes=10))
+    # Given the database is unreachable when the first heartbeats are due
+    store = RunStore(Database("sqlite:////proc/no-such-dir/tracon.db"))
+    live = LiveRuns(store, runtime.cancel_bus, timedelta(milliseconds=50), poll_seconds=0.05)
+    live.register(claim, AbortSignal())
+    wait_for(lambda: "heartbeat/cancel poll failed" in caplog.text)
+
+    # When it answers again
+    store.db = runtime.db
+
+    # Then the next interval writes the heartbeat
+    def beat_is_fresh() -> bool:
+        fresh = runtime.runs.get(run.id)
+        assert fresh is not None and fresh.heartbeat_at is not None
+        return runtime.db.now() - fresh.heartbeat_at < timedelta(seconds=5)
+
+    wait_for(beat_is_fresh)
+    live.stop()
