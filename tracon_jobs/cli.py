@@ -266,8 +266,7 @@ def cmd_circuits(args: argparse.Namespace, rest: list[str]) -> int:
 def cmd_tenants_create(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = _runtime()
     if runtime.tenants.find_tenant(args.name):
-        print(f"tenant '{args.name}' already exists; use 'keys create'", file=sys.stderr)
-        return 1
+        raise CommandError(f"tenant '{args.name}' already exists; use 'keys create'")
     tenant_id = runtime.tenants.create_tenant(args.name)
     issued = runtime.tenants.issue_key(tenant_id, label="initial")
     print(f"tenant: {args.name} ({tenant_id})\napi key (shown once): {issued.secret}")
@@ -303,8 +302,7 @@ def cmd_runs_show(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = _runtime()
     run = runtime.runs.get(args.run_id)
     if run is None:
-        print(f"no run '{args.run_id}'", file=sys.stderr)
-        return 1
+        raise CommandError(f"no run '{args.run_id}'")
     body = run_json(run)
     body["events"] = [event.as_json() for event in runtime.runs.events(run.id)]
     print(json.dumps(body, indent=2, default=str))
@@ -335,9 +333,7 @@ def cmd_idempotency_release(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = _runtime()
     tenant_id = _tenant(runtime, args.tenant)
     if not IdempotencyStore(runtime.db).release(tenant_id, args.key):
-        detail = f"no InProgress record for key '{args.key}' of tenant '{args.tenant}'"
-        print(detail, file=sys.stderr)
-        return 1
+        raise CommandError(f"no InProgress record for key '{args.key}' of tenant '{args.tenant}'")
     print(f"released key '{args.key}' of tenant '{args.tenant}': a retry will execute")
     return 0
 

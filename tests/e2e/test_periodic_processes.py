@@ -1,0 +1,72 @@
+"""Periodic services under a singleton lease, with real workers and beat: every tick runs
+in the lease owner (ticks that reach another worker are forwarded to it), and an orphan is
+still closed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from tests.conftest import scripted_agent
+from tests.e2e.cluster import Cluster, wait_until
+from tracon_jobs.db.models import Run
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runtime import Runtime
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+SECTIONS = scripted_agent([{"Text": "hi"}]) | {
+    "RunReconciliation": {
+        "Enabled": True,
+        "HeartbeatInterval": "00:00:00.200",
+        "OrphanThreshold": "00:00:02",
+        "ScanInterval": "00:00:00.500",
+    },
+    "SingletonExecution": {"Enabled": True, "LeaseDuration": "00:00:03"},
+}
+PASS = re.compile(r"tracon\.reconcile\.scan\[[^\]]+\] succeeded in [^:]+: \{'orphaned'")
+FORWARD = re.compile(r"tracon\.reconcile\.scan\[[^\]]+\] succeeded in [^:]+: \{'forwardedTo'")
+
+
+def test_every_scan_runs_in_the_lease_owner_and_closes_orphans(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: Callable[..., Runtime],
+    sqlite_url: str,
+) -> None:
+    cluster = make_cluster(sqlite_url, **SECTIONS)
+    workers = [cluster.worker("w1"), cluster.worker("w2")]
+    cluster.start("beat", "beat")
+    runtime = make_runtime(sqlite_url, **SECTIONS)
+
+    # Given a run left Running by a process that is gone
+    tenant = runtime.tenants.ensure_tenant("acme")
+    orphan = runtime.runs.create(NewRun(tenant, "missing-agent", {"message": "x"}))
+    assert runtime.runs.claim(orphan.id, "dead-process") is not None
+    with runtime.db.write() as session:
+        session.execute(
+            update(Run)
+            .where(Run.id == orphan.id)
+            .values(heartbeat_at=runtime.db.now() - timedelta(minutes=5))
+        )
+
+    # When beat has sent a dozen ticks, to whichever worker took each
+    wait_until(
+        lambda: (
+            sum(len(FORWARD.findall(w.text())) + len(PASS.findall(w.text())) for w in workers) >= 12
+        ),
+        timeout=60,
+        what="a dozen scan ticks",
+    )
+
+    # Then the passes ran in one worker only; the other forwarded every tick it took
+    passes = [len(PASS.findall(w.text())) for w in workers]
+    forwards = [len(FORWARD.findall(w.text())) for w in workers]
+    owner = passes.index(max(passes))
+    assert passes[1 - owner] == 0 and forwards[owner] == 0
+    assert passes[owner] >= forwards[1 - owner] > 0, "forwarded ticks ran in the owner"
+    run = runtime.runs.get(orphan.id)
+    assert run is not None and (run.status, run.error_type) == ("Failed", "orphaned")
