@@ -6,12 +6,22 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from tracon_jobs.celery_app import CONTROL_QUEUE
 from tracon_jobs.settings import Settings
+
+__all__ = [
+    "APPROVAL_EXPIRY_TASK",
+    "CONTROL_QUEUE",
+    "IDEMPOTENCY_PURGE_TASK",
+    "RECONCILE_TASK",
+    "REQUEUE_TASK",
+    "build_schedule",
+]
 
 REQUEUE_TASK = "tracon.runs.requeue_unclaimed"
 IDEMPOTENCY_PURGE_TASK = "tracon.idempotency.purge"
 RECONCILE_TASK = "tracon.reconcile.scan"
-CONTROL_QUEUE = "tracon.control"
+APPROVAL_EXPIRY_TASK = "tracon.approvals.expire"
 
 
 def requeue_interval(settings: Settings) -> float:
@@ -41,6 +51,12 @@ def build_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": scan,
             "options": {"expires": scan, "queue": CONTROL_QUEUE},
         }
+    expiry = settings.approvals.expiry_scan_interval.total_seconds()
+    schedule["expire-approvals"] = {
+        "task": APPROVAL_EXPIRY_TASK,
+        "schedule": expiry,
+        "options": {"expires": expiry, "queue": CONTROL_QUEUE},
+    }
     retention = settings.retention.idempotency_retention
     if retention is not None:
         purge = idempotency_purge_interval(retention)

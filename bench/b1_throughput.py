@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +30,7 @@ import httpx
 import redis
 import sqlalchemy as sa
 
-from bench.processes import Children, run_checked, wait_until
+from tracon_jobs.cli.supervisor import Supervisor, wait_until
 from tracon_jobs.db.engine import normalize_url
 from tracon_jobs.db.models import Run
 from tracon_jobs.embedded_redis import answers, free_port, start_embedded
@@ -115,8 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep = options.keep
     try:
         with ExitStack() as cleanup:
-            children = Children(workdir, ROOT)
-            cleanup.callback(children.stop_all)
+            children = Supervisor(cwd=ROOT, log_dir=workdir)
+            cleanup.callback(children.stop)
             return benchmark(options, workdir, children, cleanup)
     except KeyboardInterrupt:
         print("b1: interrupted; every child process was stopped", file=sys.stderr)
@@ -132,15 +133,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def benchmark(options: Options, workdir: Path, children: Children, cleanup: ExitStack) -> int:
+def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: ExitStack) -> int:
     redis_url = choose_redis(options.redis, workdir, cleanup)
     database = options.database or f"sqlite:///{workdir / 'tracon.db'}"
     redis.Redis.from_url(redis_url).flushdb()
     env = tracon_env(write_config(workdir, options.worker_concurrency), database, redis_url)
     tracon, submitted = measure_tracon(options, env, database, children)
-    children.stop_all()  # the baseline gets the machine to itself, as tracon had
+    children.stop()  # the baseline gets the machine to itself, as tracon had
     baseline = measure_celery(options, redis_url, children)
-    children.stop_all()
+    children.stop()
     print_report(options, redis_url, database, tracon, baseline, submitted.latencies)
     return 0 if tracon.complete and baseline.complete else 1
 
@@ -212,7 +213,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def measure_tracon(
-    options: Options, env: dict[str, str], database: str, children: Children
+    options: Options, env: dict[str, str], database: str, children: Supervisor
 ) -> tuple[Measurement, Submitted]:
     api_key = issue_api_key(env)
     base_url = start_tracon(env, children)
@@ -233,6 +234,14 @@ def measure_tracon(
     return Measurement("tracon runs (HTTP)", options.runs, seconds, done, problem), submitted
 
 
+def run_checked(argv: Sequence[str], env: dict[str, str], cwd: Path) -> str:
+    """Run a one-shot command to its end; its stdout, or RuntimeError with its output."""
+    done = subprocess.run(list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr}")
+    return done.stdout
+
+
 def issue_api_key(env: dict[str, str]) -> str:
     """Migrate, then a key for tenant `bench` (a reused PostgreSQL database may have it)."""
     run_checked([*CLI, "migrate"], env, ROOT)
@@ -248,13 +257,18 @@ def issue_api_key(env: dict[str, str]) -> str:
     return match.group(1)
 
 
-def start_tracon(env: dict[str, str], children: Children) -> str:
+def start_tracon(env: dict[str, str], children: Supervisor) -> str:
     port = free_port()
     bind = f"127.0.0.1:{port}"
     children.start("web", [*CLI, "web", "--bind", bind, "--workers", "2", "--threads", "32"], env)
     children.start("worker", [*CLI, "worker", "-n", "bench@%h"], env)
     base_url = f"http://{bind}"
-    wait_until(lambda: _healthy(base_url), "web /healthz", STARTUP_TIMEOUT, children)
+    wait_until(
+        lambda: _healthy(base_url),
+        what="web /healthz",
+        timeout=STARTUP_TIMEOUT,
+        watch=children.running(),
+    )
     return base_url
 
 
@@ -270,7 +284,7 @@ def api_client(base_url: str, api_key: str) -> httpx.Client:
     return httpx.Client(base_url=base_url, headers=headers, timeout=30.0)
 
 
-def warm_up_tracon(clients: list[httpx.Client], counter: RunCounter, children: Children) -> None:
+def warm_up_tracon(clients: list[httpx.Client], counter: RunCounter, children: Supervisor) -> None:
     """Runs until the worker has consumed some: proves it is up and warms every pool."""
     ids = submit_runs(clients, WARMUP).ids
     statuses = await_runs(counter, ids, STARTUP_TIMEOUT, children)
@@ -323,7 +337,7 @@ class RunCounter:
 
 
 def await_runs(
-    counter: RunCounter, ids: list[str], timeout: float, children: Children
+    counter: RunCounter, ids: list[str], timeout: float, children: Supervisor
 ) -> Counter[str]:
     """Statuses once every run ended (or at the timeout, with some still open)."""
     deadline = time.monotonic() + timeout
@@ -347,7 +361,7 @@ def _shown(statuses: Counter[str]) -> str:
 # -- measure B: plain Celery ---------------------------------------------------------------
 
 
-def measure_celery(options: Options, redis_url: str, children: Children) -> Measurement:
+def measure_celery(options: Options, redis_url: str, children: Supervisor) -> Measurement:
     baseline = import_baseline(redis_url)
     start_baseline_worker(options.worker_concurrency, redis_url, children)
     client = redis.Redis.from_url(redis_url)
@@ -373,7 +387,7 @@ def import_baseline(redis_url: str) -> Any:
     return baseline_app
 
 
-def start_baseline_worker(concurrency: int, redis_url: str, children: Children) -> None:
+def start_baseline_worker(concurrency: int, redis_url: str, children: Supervisor) -> None:
     env = child_env(BENCH_REDIS_URL=redis_url)
     worker = f"worker --pool threads -c {concurrency} --prefetch-multiplier 1 -E -Q bench.noop"
     argv = [
@@ -391,7 +405,7 @@ def start_baseline_worker(concurrency: int, redis_url: str, children: Children) 
     children.start("baseline-worker", argv, env)
 
 
-def warm_up_celery(baseline: Any, client: redis.Redis, threads: int, children: Children) -> None:
+def warm_up_celery(baseline: Any, client: redis.Redis, threads: int, children: Supervisor) -> None:
     send_noops(baseline.noop, WARMUP, threads)
     await_noops(client, baseline.COUNTER_KEY, WARMUP, STARTUP_TIMEOUT, children)
     client.delete(baseline.COUNTER_KEY)
@@ -404,7 +418,7 @@ def send_noops(task: Any, count: int, threads: int) -> None:
 
 
 def await_noops(
-    client: redis.Redis, key: str, count: int, timeout: float, children: Children
+    client: redis.Redis, key: str, count: int, timeout: float, children: Supervisor
 ) -> int:
     deadline = time.monotonic() + timeout
     while True:

@@ -19,17 +19,21 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from tests.stub_provider import stub_provider  # noqa: F401  (a fixture for every test)
+from tests.helpers import MakeRuntime, ThreadWorker
+from tests.stub_provider import StubProvider
 from tracon_jobs.db.migrate import upgrade
 from tracon_jobs.db.models import Base
 from tracon_jobs.embedded_redis import EmbeddedRedis, answers, start_embedded
+from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runtime import Runtime
-from tracon_jobs.settings import Settings, load_settings
+from tracon_jobs.settings import Settings
 
 SESSION_DB = 8 + os.getpid() % 8
 """A Redis database of its own for each test session (8-15), flushed before every test, so
 two sessions on one machine do not flush each other's state."""
 LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+THREAD_JOIN_SECONDS = 10.0
+"""How long teardown waits for the executor threads a test started before failing it."""
 
 
 @pytest.fixture(scope="session")
@@ -131,31 +135,17 @@ def write_config(tmp_path: Path) -> ConfigFactory:
     return write
 
 
-def scripted_agent(script: list[dict[str, Any]], tools: list[str] | None = None) -> dict[str, Any]:
-    """Providers + Agents sections for one agent `demo` on a scripted provider."""
-    return {
-        "Providers": {"scripted": {"Kind": "scripted", "Script": script}},
-        "Agents": {
-            "demo": {
-                "Instructions": "test agent",
-                "Model": {"provider": "scripted", "model": "demo-model"},
-                "Tools": tools or [],
-            }
-        },
-        "Pricing": {"Models": {"demo-model": {"InputPerMillion": 1, "OutputPerMillion": 2}}},
-        "ToolModules": ["tests.tools"],
-    }
-
-
 @pytest.fixture
-def make_runtime(redis_client: redis.Redis, redis_url: str) -> Iterator[Callable[..., Runtime]]:
+def make_runtime(redis_client: redis.Redis, redis_url: str) -> Iterator[MakeRuntime]:
+    """`make(sql_url, sender=None, **sections)`: a Runtime on a clean Redis database, with
+    run messages sent through `sender` (Celery when None); closed after the test."""
     runtimes: list[Runtime] = []
 
-    def make(sql_url: str, **sections: Any) -> Runtime:
+    def make(sql_url: str, /, *, sender: Sender | None = None, **sections: Any) -> Runtime:
         sections.setdefault("Database", {"Url": sql_url})
         sections.setdefault("Redis", {"Url": redis_url})
         settings = Settings.model_validate(sections)
-        runtime = Runtime(settings)
+        runtime = Runtime(settings, sender=sender)
         runtimes.append(runtime)
         return runtime
 
@@ -164,5 +154,26 @@ def make_runtime(redis_client: redis.Redis, redis_url: str) -> Iterator[Callable
         runtime.close()
 
 
-def settings_from(path: Path) -> Settings:
-    return load_settings(path, environ={})
+@pytest.fixture
+def thread_worker(make_runtime: MakeRuntime) -> Iterator[ThreadWorker]:
+    """Executes sent runs on threads (`rt.send_runs_with(thread_worker.sender(rt))`).
+
+    It depends on `make_runtime` so that its teardown comes first: every thread it started
+    is joined (`THREAD_JOIN_SECONDS` in all) while the runtimes and their database are still
+    there; a thread still running then fails the test instead of outliving it.
+    """
+    worker = ThreadWorker()
+    yield worker
+    stuck = worker.join(THREAD_JOIN_SECONDS)
+    if stuck:
+        pytest.fail(
+            f"{len(stuck)} executor thread(s) still running {THREAD_JOIN_SECONDS:g} s after "
+            "the test; a run the test started never finished"
+        )
+
+
+@pytest.fixture
+def stub_provider() -> Iterator[StubProvider]:
+    """A started stub OpenAI-compatible server (tests/stub_provider.py), stopped after."""
+    with StubProvider() as server:
+        yield server

@@ -20,13 +20,11 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Protocol
-
-import pytest
 
 _ids = itertools.count(1)
 
@@ -347,10 +345,3 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 _NEVER = threading.Event()
-
-
-@pytest.fixture
-def stub_provider() -> Iterator[StubProvider]:
-    """A started stub server, stopped after the test."""
-    with StubProvider() as server:
-        yield server

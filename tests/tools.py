@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from tracon_jobs import ToolContext, tool
+from tracon_jobs.errors import RetryableToolError
 
 calls: list[tuple[str, dict[str, object]]] = []
 _lock = threading.Lock()
@@ -102,8 +103,6 @@ flaky_attempts: dict[str, list[str]] = {}
 @tool(side_effect="read", retry={"max_attempts": 2, "backoff_ms": 10})
 def flaky_read(key: str, *, context: ToolContext) -> str:
     """Fails once per key (retryable), then answers."""
-    from tracon_jobs.errors import RetryableToolError
-
     with _lock:
         seen = flaky_attempts.setdefault(key, [])
         seen.append(context.idempotency_key)
@@ -119,3 +118,30 @@ def render_audio(seconds: float, *, context: ToolContext) -> str:
     context.report_usage(0.05, "USD")
     context.report_usage(1.0, "EUR")  # another currency: unknown to the budget
     return "rendered"
+
+
+@tool(side_effect="destructive", requires_approval=True)
+def close_account(account: str, *, context: ToolContext) -> str:
+    """Close an account: a person approves every call (counted in a file)."""
+    _append("close_account", f"{account} {context.execution_id}")
+    record("close_account", account=account)
+    return f"closed {account}"
+
+
+refund_attempts: list[str] = []
+
+
+@tool(
+    side_effect="write",
+    idempotent=True,
+    requires_approval=True,
+    retry={"max_attempts": 2, "backoff_ms": 1},
+)
+def approved_refund(order: str, *, context: ToolContext) -> str:
+    """Refund once approved; the first attempt of each execution fails (a retry follows)."""
+    with _lock:
+        refund_attempts.append(context.execution_id)
+        first = refund_attempts.count(context.execution_id) == 1
+    if first:
+        raise RetryableToolError("payment service busy")
+    return f"refunded {order}"

@@ -20,13 +20,13 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery
 from celery.signals import worker_ready
 
-if TYPE_CHECKING:
-    from tracon_jobs.runtime import Runtime
+from tracon_jobs.runs.live import LiveRuns
+from tracon_jobs.settings import DrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -56,61 +56,69 @@ def clear_web_drain() -> None:
 # -- worker --------------------------------------------------------------------------------
 
 
-def install_worker_drain(app: Celery, runtime: Runtime, queues: list[str]) -> None:
-    """Take SIGTERM over once this app's worker is ready (signal handlers: main thread)."""
+class WorkerDrain:
+    """A worker's graceful stop: stop consuming, wait for live runs, then exit."""
 
-    def on_ready(sender: Any = None, **_kwargs: Any) -> None:
-        if getattr(sender, "app", None) is not app:
+    def __init__(
+        self,
+        app: Celery,
+        config: DrainSettings,
+        draining: threading.Event,
+        live_runs: LiveRuns,
+        queues: list[str],
+    ) -> None:
+        self.app = app
+        self.config = config
+        self.draining = draining  # the executor claims nothing once it is set
+        self.live_runs = live_runs
+        self.queues = queues
+
+    def install(self) -> None:
+        """Take SIGTERM over once this app's worker is ready (signal handlers: main thread)."""
+
+        def on_ready(sender: Any = None, **_kwargs: Any) -> None:
+            if getattr(sender, "app", None) is not self.app:
+                return
+            if threading.current_thread() is not threading.main_thread():
+                log.warning("worker not in the main thread; SIGTERM keeps Celery's handler")
+                return
+            hostname = str(getattr(sender, "hostname", ""))
+            signal.signal(signal.SIGTERM, lambda *_: self.on_term(hostname))
+
+        worker_ready.connect(on_ready, weak=False)
+
+    def on_term(self, hostname: str) -> None:
+        if not self.config.enabled:
+            log.warning("SIGTERM: exiting at once (Drain disabled); runs in flight are cut off")
+            os._exit(0)
+        if self.draining.is_set():
             return
-        if threading.current_thread() is not threading.main_thread():
-            log.warning("worker not in the main thread; SIGTERM keeps Celery's handler")
-            return
-        hostname = str(getattr(sender, "hostname", ""))
-        signal.signal(signal.SIGTERM, lambda *_: on_term(app, runtime, hostname, queues))
+        self.draining.set()
+        timeout = self.config.timeout.total_seconds()
+        log.warning("SIGTERM: draining for up to %.1fs", timeout)
+        threading.Thread(
+            target=self._drain_then_exit, args=(hostname, timeout), daemon=True, name="drain"
+        ).start()
 
-    worker_ready.connect(on_ready, weak=False)
+    def _drain_then_exit(self, hostname: str, timeout: float) -> None:
+        self._stop_consuming(hostname)
+        deadline = time.monotonic() + timeout
+        while self.live_runs.snapshot() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = self.live_runs.snapshot()
+        if left:
+            log.error("drain timeout: cutting off %d runs (reconciliation closes them)", len(left))
+            os._exit(1)
+        log.warning("drained; stopping")
+        from celery.worker import state
 
+        state.should_stop = 0  # Celery's warm shutdown: nothing runs, unstarted messages return
+        time.sleep(10)
+        os._exit(0)  # a warm shutdown that hangs must not block a deployment
 
-def on_term(app: Celery, runtime: Runtime, hostname: str, queues: list[str]) -> None:
-    config = runtime.settings.drain
-    if not config.enabled:
-        log.warning("SIGTERM: exiting at once (Drain disabled); runs in flight are cut off")
-        os._exit(0)
-    if runtime.draining.is_set():
-        return
-    runtime.draining.set()
-    timeout = config.timeout.total_seconds()
-    log.warning("SIGTERM: draining for up to %.1fs", timeout)
-    threading.Thread(
-        target=_drain_then_exit,
-        args=(app, runtime, hostname, queues, timeout),
-        daemon=True,
-        name="drain",
-    ).start()
-
-
-def _drain_then_exit(
-    app: Celery, runtime: Runtime, hostname: str, queues: list[str], timeout: float
-) -> None:
-    _stop_consuming(app, hostname, queues)
-    deadline = time.monotonic() + timeout
-    while runtime.live_runs.snapshot() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = runtime.live_runs.snapshot()
-    if left:
-        log.error("drain timeout: cutting off %d runs (reconciliation closes them)", len(left))
-        os._exit(1)
-    log.warning("drained; stopping")
-    from celery.worker import state
-
-    state.should_stop = 0  # Celery's warm shutdown: nothing runs, unstarted messages return
-    time.sleep(10)
-    os._exit(0)  # a warm shutdown that hangs must not block a deployment
-
-
-def _stop_consuming(app: Celery, hostname: str, queues: list[str]) -> None:
-    try:
-        for queue in queues:
-            app.control.cancel_consumer(queue, destination=[hostname])
-    except Exception as exc:  # the executor refuses new claims anyway
-        log.warning("could not stop consuming while draining: %s", exc)
+    def _stop_consuming(self, hostname: str) -> None:
+        try:
+            for queue in self.queues:
+                self.app.control.cancel_consumer(queue, destination=[hostname])
+        except Exception as exc:  # the executor refuses new claims anyway
+            log.warning("could not stop consuming while draining: %s", exc)

@@ -8,8 +8,8 @@ TraconError
 ├── ToolError                   a tool execution failed
 │   ├── RetryableToolError          the handler says a new attempt may succeed
 │   ├── ToolTimeoutError            the attempt ran past its timeout (retryable)
-│   └── ToolCancelledError          the run was cancelled (terminal)
-├── RunCancelled                the executor observed a cancel request
+│   └── ToolCanceledError          the run was cancelled (terminal)
+├── RunCanceled                the executor observed a cancel request
 ├── RunTakenAway                a fenced write changed no row: another owner has the run
 └── EnqueueError                the broker did not accept a run's message
 """
@@ -103,11 +103,11 @@ class ToolTimeoutError(ToolError):
     retryable = True
 
 
-class ToolCancelledError(ToolError):
+class ToolCanceledError(ToolError):
     code = "CANCELLED"
 
 
-class RunCancelled(TraconError):
+class RunCanceled(TraconError):
     """The run was asked to stop; the executor ends it `Canceled`."""
 
 

@@ -215,3 +215,23 @@ def _summary(row: IdempotencyRecord) -> RecordSummary:
         created_at=row.created_at,
         completed_at=row.completed_at,
     )
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    enabled: bool
+    deleted: int = 0
+
+
+def purge_past_retention(
+    store: IdempotencyStore, retention: timedelta | None, now: datetime
+) -> PurgeResult:
+    """One retention pass: delete records older than `Retention.Idempotency`, when it is on.
+
+    A record that outlived the retention is no longer a promise anyone relies on: a client
+    retrying a day later is making a new request. Both states go: an `InProgress` record
+    that old is a crash nobody resolved, and keeping it would block that key forever.
+    """
+    if retention is None:
+        return PurgeResult(enabled=False)
+    return PurgeResult(enabled=True, deleted=store.purge(retention, now))

@@ -1,7 +1,9 @@
-"""The services of one process, built once from the settings and passed explicitly.
+"""The composition root of one process: every service built once from the settings, and
+each given only the few services it uses.
 
-No hidden globals: the Flask app keeps its Runtime in `app.extensions["tracon"]`, the
-Celery app as `celery_app.tracon`; tests build their own.
+Domain code never sees this object; only the entry points do (the Flask app keeps it in
+`app.extensions["tracon"]`, the `tracon-jobs` command and `beat_schedules` take it to wire
+Celery). Tests build their own, and replace how runs are sent with `send_runs_with`.
 """
 
 from __future__ import annotations
@@ -11,44 +13,51 @@ import logging
 import threading
 from datetime import timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import redis
+from celery import Celery
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tracon_jobs.agents.tools import ToolRegistry
 from tracon_jobs.agents.tools import registry as default_tools
+from tracon_jobs.celery_app import CONTROL_QUEUE, create_celery
 from tracon_jobs.coordination.cancellation import RedisCancelBus
 from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
 from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
 from tracon_jobs.db import Database
+from tracon_jobs.drain import WorkerDrain
 from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisBreakerStore
 from tracon_jobs.resilience.budgets import RedisBudgetStore
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
+from tracon_jobs.runs.approvals import Approvals, ApprovalStore
+from tracon_jobs.runs.continuation import Continuations
+from tracon_jobs.runs.dispatch import RUNS_QUEUE, RunDispatcher, Sender, celery_sender
+from tracon_jobs.runs.executor import Resilience, RunExecutor
 from tracon_jobs.runs.live import LiveRuns
+from tracon_jobs.runs.reconcile import Reconciler
+from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore
+from tracon_jobs.runs.subagents import SubAgents
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
-
-if TYPE_CHECKING:
-    from celery import Celery
-
-    from tracon_jobs.runs.dispatch import RunDispatcher
-    from tracon_jobs.runs.executor import RunExecutor
 
 log = logging.getLogger(__name__)
 
 
 class Runtime:
+    """Builds and wires the services of one process; holds no logic of its own."""
+
     def __init__(
         self,
         settings: Settings,
         *,
         feed: EventFeed | None = None,
         tools: ToolRegistry | None = None,
+        sender: Sender | None = None,
+        sleep: Sleep | None = None,
     ) -> None:
         self.settings = settings
         self.db = Database(settings.database.url, pool_size=settings.worker.concurrency + 5)
@@ -67,14 +76,29 @@ class Runtime:
         self.tools = tools or default_tools
         self.owner_id = settings.singleton_execution.resolved_owner_id()
         self.draining = threading.Event()  # set once a graceful stop began
+        self.sleep = sleep  # tool retry backoff; tests pass one that does not wait
+        self.dispatcher = RunDispatcher(self.runs, sender or self._send_with_celery)
         import_tool_modules(settings.tool_modules)
         check_agent_tools(settings, self.tools)
 
+    def send_runs_with(self, sender: Sender) -> None:
+        """Send run messages through `sender` instead of Celery (tests run them in threads)."""
+        self.dispatcher.send = sender
+
+    def _send_with_celery(self, run_id: str) -> None:
+        self._celery_send(run_id)
+
+    @cached_property
+    def _celery_send(self) -> Sender:
+        return celery_sender(self.celery)
+
     @cached_property
     def celery(self) -> Celery:
-        from tracon_jobs.celery_app import create_celery
-
-        return create_celery(self)
+        """The Celery app, with the run task; `beat_schedules.install` adds the periodic ones."""
+        app = create_celery(self.settings, self.executor.execute)
+        queues = [RUNS_QUEUE, CONTROL_QUEUE]
+        WorkerDrain(app, self.settings.drain, self.draining, self.live_runs, queues).install()
+        return app
 
     @cached_property
     def breaker(self) -> CircuitBreaker:
@@ -130,15 +154,44 @@ class Runtime:
 
     @cached_property
     def executor(self) -> RunExecutor:
-        from tracon_jobs.runs.executor import RunExecutor
-
-        return RunExecutor(self)
+        return RunExecutor(
+            self.settings,
+            self.runs,
+            self.db,
+            self.tools,
+            self.providers,
+            Resilience(self.breaker, self.slots, self.budgets),
+            self.live_runs,
+            self.subagents,
+            self.approval_store,
+            owner_id=self.owner_id,
+            draining=self.draining,
+            sleep=self.sleep,
+        )
 
     @cached_property
-    def dispatcher(self) -> RunDispatcher:
-        from tracon_jobs.runs.dispatch import RunDispatcher, celery_sender
+    def approval_store(self) -> ApprovalStore:
+        return ApprovalStore(self.runs, self.settings.approvals.timeout)
 
-        return RunDispatcher(self.runs, celery_sender(self.celery))
+    @cached_property
+    def approvals(self) -> Approvals:
+        """Decisions and expiry, with their effects on runs and budgets."""
+        return Approvals(self.approval_store, self.dispatcher, self.budgets)
+
+    @cached_property
+    def subagents(self) -> SubAgents:
+        return SubAgents(
+            self.runs, self.feed, self.dispatcher, self.cancel_bus, self.approval_store
+        )
+
+    @cached_property
+    def continuations(self) -> Continuations:
+        return Continuations(self.settings, self.runs, self.db, self.tools, self.dispatcher)
+
+    @cached_property
+    def reconciler(self) -> Reconciler:
+        config = self.settings.run_reconciliation
+        return Reconciler(config, self.runs, self.continuations)
 
     def close(self) -> None:
         if "leases" in self.__dict__:

@@ -16,7 +16,16 @@ from tracon_jobs.settings import load_settings
 
 
 def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | None = None) -> Flask:
-    from web import draining, health, openai_compat, openapi, operations, problems, runs
+    from web import (
+        approvals,
+        draining,
+        health,
+        openai_compat,
+        openapi,
+        operations,
+        problems,
+        runs,
+    )
 
     app = Flask(__name__)
     app.config.update(SSE_KEEPALIVE_SECONDS=15.0, JSON_SORT_KEYS=False)
@@ -28,6 +37,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(runs.bp)
+    app.register_blueprint(approvals.bp)
     app.register_blueprint(operations.bp)
     app.register_blueprint(openai_compat.bp)
     logging.getLogger(__name__).info("tracon-jobs web ready")

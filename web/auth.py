@@ -23,8 +23,15 @@ def require_tenant(blueprint: Blueprint) -> None:
         if tenant_id is None:
             raise unauthorized("the API key is not valid")
         g.tenant_id = tenant_id
+        g.key_id = key.strip().split("_", 2)[1]  # the key's public id, never its secret
 
 
 def tenant_id() -> str:
     value: str = g.tenant_id
     return value
+
+
+def key_prefix() -> str:
+    """Who acted, for the record: the public id of the API key that authenticated."""
+    value: str = g.key_id
+    return f"key:{value}"

@@ -2,7 +2,8 @@
 it ended (the contract's "buffered run response"), so that only a success is stored.
 
 The wait is the SSE tail (SQL after the last seq, the event feed only to wake up), bounded
-by `Runs.BufferedWaitTimeout`; a run still going then answers `202` with `Location`.
+by `Runs.BufferedWaitTimeout`; a run still going then answers `202` with `Location`, and so
+does a run that starts waiting for a person (nobody can tell how long that takes).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from flask import Response, jsonify
 
@@ -20,6 +22,7 @@ from web.extensions import runtime
 from web.sse import tail
 
 WAKE_SECONDS = 1.0
+STOPS_WAITING = TERMINAL_EVENTS | {"RunWaiting"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ def wait_for_end(run_id: str) -> Run:
     timeout = rt.settings.runs.buffered_wait_timeout.total_seconds()
     deadline = time.monotonic() + timeout
     for event in tail(rt.runs, rt.feed, run_id, 0, min(WAKE_SECONDS, timeout)):
-        if event is not None and event.type in TERMINAL_EVENTS:
+        if event is not None and event.type in STOPS_WAITING:
             break
         if time.monotonic() >= deadline:
             break
@@ -86,4 +89,10 @@ def buffered_run_response(run_id: str) -> tuple[Response, int, dict[str, str]]:
     """`POST /api/agents/{name}/run` with a key: the run JSON once, status by its end."""
     run = wait_for_end(run_id)
     end = ending(run)
-    return jsonify(run_json(run)), end.status, end.headers
+    return jsonify(run_view(run)), end.status, end.headers
+
+
+def run_view(run: Run) -> dict[str, Any]:
+    """The run JSON, with the approvals it waits for while `Waiting`."""
+    pending = runtime().approval_store.pending_ids(run.id) if run.status == "Waiting" else []
+    return run_json(run, pending_approvals=pending)

@@ -27,6 +27,7 @@ from flask import Response, current_app, g, request
 from tracon_jobs.idempotency import IdempotencyStore, Outcome, StoredResponse
 from web.auth import tenant_id
 from web.extensions import runtime
+from web.preferences import prefers_async
 from web.problems import Problem
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def checked_key(require_async: bool) -> str:
         raise key_problem(f"Idempotency-Key is longer than {limit} characters")
     if streams():
         raise key_problem("Idempotency-Key cannot be used with stream: true")
-    if require_async and not _prefers_async():
+    if require_async and not prefers_async():
         raise key_problem("Idempotency-Key on this route needs Prefer: respond-async")
     return key
 
@@ -124,12 +125,6 @@ def streams() -> bool:
     except ValueError:
         return False
     return isinstance(body, dict) and body.get("stream") is True
-
-
-def _prefers_async() -> bool:
-    from web.runs import prefers_async  # web.runs imports this module
-
-    return prefers_async()
 
 
 def run_reserved(held: Held, call: Callable[[], Any]) -> Response:

@@ -32,8 +32,9 @@ from web.openai_shapes import (
     error_body,
     response_object,
 )
+from web.preferences import prefers_async
 from web.problems import Problem, bad_request
-from web.runs import parse_body, prefers_async, submit
+from web.runs import parse_body, submit
 from web.sse import sse_response, tail
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 import redis
 from flask import Blueprint, Response, jsonify, request
-from sqlalchemy import func, select
 
-from tracon_jobs.db.models import Run
-from tracon_jobs.runtime import Runtime
+from tracon_jobs.resilience.views import circuits_view
+from tracon_jobs.runs.store import ModelUsage
 from web.auth import require_tenant, tenant_id
 from web.extensions import runtime
 from web.problems import Problem
@@ -19,29 +17,12 @@ bp = Blueprint("operations", __name__, url_prefix="/api")
 require_tenant(bp)
 
 
-def circuits_view(rt: Runtime) -> list[dict[str, Any]]:
-    """Every configured provider: its circuit and its concurrency slots."""
-    views = []
-    for name in sorted(rt.settings.providers):
-        circuit = rt.breaker.snapshot(name)
-        slots = rt.slots.usage(name)
-        views.append(
-            {
-                "provider": name,
-                "state": circuit.state,
-                "consecutiveFailures": circuit.failures,
-                "retryAfter": circuit.retry_after_ms / 1000 if circuit.retry_after_ms else None,
-                "probesInFlight": circuit.probes,
-                "slots": {"limit": slots.limit, "inUse": slots.in_use, "waiting": slots.waiting},
-            }
-        )
-    return views
-
-
 @bp.get("/circuits")
 def circuits() -> Response:
     try:
-        return jsonify({"enabled": runtime().breaker.enabled, "items": circuits_view(runtime())})
+        rt = runtime()
+        items = circuits_view(rt.breaker, rt.slots, rt.settings.providers)
+        return jsonify({"enabled": rt.breaker.enabled, "items": items})
     except redis.RedisError as exc:
         raise Problem(
             503,
@@ -54,28 +35,9 @@ def circuits() -> Response:
 @bp.get("/statistics/runs")
 def run_statistics() -> Response:
     """Counts, tokens and cost of the tenant's runs, grouped by the model that answered."""
-    filters = [Run.tenant_id == tenant_id()]
-    if agent := request.args.get("agent"):
-        filters.append(Run.agent == agent)
-    with runtime().db.read() as session:
-        by_status = dict(
-            session.execute(
-                select(Run.status, func.count()).where(*filters).group_by(Run.status)
-            ).all()
-        )
-        rows = session.execute(
-            select(
-                Run.model_id,
-                func.count(),
-                func.sum(Run.input_tokens),
-                func.sum(Run.output_tokens),
-                func.sum(Run.cost_amount),
-            )
-            .where(*filters)
-            .group_by(Run.model_id)
-            .order_by(Run.model_id)
-        ).all()
-    by_model = [_model_row(*row) for row in rows]
+    stats = runtime().runs.statistics(tenant_id(), agent=request.args.get("agent"))
+    by_status = stats.by_status
+    by_model = [_model_row(usage) for usage in stats.by_model]
     return jsonify(
         {
             "total": sum(by_status.values()),
@@ -93,17 +55,11 @@ def run_statistics() -> Response:
     )
 
 
-def _model_row(
-    model: str | None,
-    runs: int,
-    inputs: int | None,
-    outputs: int | None,
-    cost: Decimal | float | None,
-) -> dict[str, Any]:
-    inputs, outputs = int(inputs or 0), int(outputs or 0)
+def _model_row(usage: ModelUsage) -> dict[str, Any]:
+    inputs, outputs = usage.input_tokens, usage.output_tokens
     return {
-        "model": model,
-        "runs": runs,
+        "model": usage.model,
+        "runs": usage.runs,
         "usage": {"inputTokens": inputs, "outputTokens": outputs, "totalTokens": inputs + outputs},
-        "cost": {"amount": float(cost or 0)},
+        "cost": {"amount": usage.cost},
     }

@@ -17,9 +17,10 @@ from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun, RunFilter
 from tracon_jobs.runs.views import run_json
 from web.auth import require_tenant, tenant_id
-from web.buffered import buffered_run_response
+from web.buffered import buffered_run_response, run_view
 from web.extensions import runtime
 from web.idempotency import has_key, idempotent, remember_run
+from web.preferences import prefers_async
 from web.problems import Problem, bad_request, not_found
 from web.sse import sse_frames, sse_response, tail
 
@@ -49,11 +50,6 @@ def parse_body(model: type[BaseModel]) -> Any:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "body"
         raise bad_request(f"{field}: {first['msg']}", field=field) from exc
-
-
-def prefers_async() -> bool:
-    prefer = request.headers.get("Prefer", "")
-    return "respond-async" in [part.strip().lower() for part in prefer.split(",")]
 
 
 @bp.post("/agents/<name>/run")
@@ -100,7 +96,7 @@ def submit(new: NewRun) -> Run:
 
 @bp.get("/runs/<run_id>")
 def get_run(run_id: str) -> Response:
-    return jsonify(run_json(owned_run(run_id)))
+    return jsonify(run_view(owned_run(run_id)))
 
 
 def owned_run(run_id: str) -> Run:
@@ -120,8 +116,8 @@ def list_runs() -> Response:
     before = decode_cursor(request.args.get("cursor"))
     runs = runtime().runs.page(tenant_id(), filters, limit=limit + 1, before=before)
     page, more = runs[:limit], len(runs) > limit
-    cursor = encode_cursor(page[-1]) if more and page else None
-    return jsonify({"items": [run_json(run) for run in page], "nextCursor": cursor})
+    cursor = encode_cursor(page[-1].created_at, page[-1].id) if more and page else None
+    return jsonify({"items": [run_view(run) for run in page], "nextCursor": cursor})
 
 
 def page_size(raw: str | None) -> int:
@@ -132,8 +128,9 @@ def page_size(raw: str | None) -> int:
     return int(raw)
 
 
-def encode_cursor(run: Run) -> str:
-    raw = f"{run.created_at.isoformat()}|{run.id}".encode()
+def encode_cursor(at: datetime, row_id: str) -> str:
+    """An opaque cursor: the (time, id) of the last row of a page, newest first."""
+    raw = f"{at.isoformat()}|{row_id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -142,8 +139,8 @@ def decode_cursor(cursor: str | None) -> tuple[datetime, str] | None:
         return None
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created, run_id = raw.split("|", 1)
-        return datetime.fromisoformat(created), run_id
+        at, row_id = raw.split("|", 1)
+        return datetime.fromisoformat(at), row_id
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
         raise bad_request("cursor: not a cursor this API returned", field="cursor") from exc
 
@@ -199,5 +196,6 @@ def cancel_run(run_id: str) -> tuple[Response, int]:
         raise Problem(
             409, "Conflict", f"run '{run_id}' already ended ({run.status})", runStatus=run.status
         )
-    reached = cancel_tree(runtime(), run)
+    rt = runtime()
+    reached = cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, run)
     return jsonify({"runId": run_id, "status": "CancelRequested", "runs": reached}), 202

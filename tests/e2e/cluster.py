@@ -1,4 +1,5 @@
-"""Real tracon-jobs processes for crash and race tests: web, workers, beat.
+"""Real tracon-jobs processes for crash and race tests: web, workers, beat, run by the
+command's own `Supervisor` (a process group each, always stopped and reaped).
 
 Each process writes to its own log file; `wait_for_log` blocks until a line appears, so
 tests wait for facts ("ready", "received") instead of sleeping.
@@ -8,41 +9,29 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tracon_jobs.cli.supervisor import Child, Supervisor, wait_until
 from tracon_jobs.embedded_redis import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
+Process = Child
+"""A started process: `popen`, its `text()` so far, `kill9()` of its whole process group."""
 
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def kill9(self) -> None:
-        os.killpg(self.popen.pid, signal.SIGKILL)
-        self.popen.wait(timeout=10)
+__all__ = ["REPO", "Cluster", "Process", "wait_for_log", "wait_until"]
 
 
 @dataclass
 class Cluster:
     directory: Path
     env: dict[str, str]
-    processes: list[Process] = field(default_factory=list)
+    children: Supervisor
 
     @classmethod
     def create(cls, directory: Path, sql_url: str, redis_url: str, **sections: Any) -> Cluster:
@@ -54,22 +43,11 @@ class Cluster:
         env.update(
             TRACON_CONFIG=str(config), PYTHONUNBUFFERED="1", C_FORCE_ROOT="1", PYTHONPATH=str(REPO)
         )
-        return cls(directory, env)
+        return cls(directory, env, Supervisor(cwd=directory, log_dir=directory))
 
     def start(self, name: str, *args: str) -> Process:
-        log = self.directory / f"{name}.log"
-        handle = log.open("wb")
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "tracon_jobs.cli", *args],
-            env=self.env,
-            cwd=self.directory,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # kill9 takes the whole process group
-        )
-        process = Process(name, popen, log)
-        self.processes.append(process)
-        return process
+        argv = [sys.executable, "-m", "tracon_jobs.cli", *args]
+        return self.children.start(name, argv, self.env)
 
     def worker(self, name: str, concurrency: int = 4) -> Process:
         process = self.start(name, "worker", "-n", f"{name}@%h", "-c", str(concurrency))
@@ -82,22 +60,16 @@ class Cluster:
             name, "web", "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", "8"
         )
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(base + "/healthz"), timeout=30, what="web /healthz")
+        wait_until(
+            lambda: _answers(base + "/healthz"), timeout=30, what="web /healthz", watch=[process]
+        )
         return process, base
 
     def stop_all(self) -> None:
-        for process in self.processes:
-            if process.popen.poll() is None:
-                os.killpg(process.popen.pid, signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.popen.pid, signal.SIGKILL)
-                process.popen.wait(timeout=10)
+        self.children.stop()
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.text()[-4000:]}" for p in self.processes)
+        return "\n".join(f"--- {p.name}\n{p.text()[-4000:]}" for p in self.children.children)
 
 
 def _answers(url: str) -> bool:
@@ -107,18 +79,11 @@ def _answers(url: str) -> bool:
         return False
 
 
-def wait_until(check: Callable[[], bool], *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def wait_for_log(process: Process, needle: str, *, timeout: float) -> None:
-    def seen() -> bool:
-        if process.popen.poll() is not None and needle not in process.text():
-            raise RuntimeError(f"{process.name} exited:\n{process.text()[-3000:]}")
-        return needle in process.text()
-
-    wait_until(seen, timeout=timeout, what=f"'{needle}' in {process.name} log")
+    """Until `needle` is in the process's log; `ChildExited` when it exits without it."""
+    wait_until(
+        lambda: needle in process.text(),
+        timeout=timeout,
+        what=f"'{needle}' in {process.name} log",
+        watch=[process],
+    )

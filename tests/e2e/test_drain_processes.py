@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import scripted_agent
 from tests.e2e.cluster import Cluster, Process, wait_until
+from tests.helpers import MakeRuntime, Script, scripted_agent
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 def slow(seconds: float) -> dict[str, Any]:
-    script = [
+    script: Script = [
         {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": seconds}}]},
         {"Text": "finished"},
     ]
@@ -62,7 +62,7 @@ def status(runtime: Runtime, run_id: str) -> str:
 )
 def test_sigterm_to_a_worker(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     flags: Path,
     drain: dict[str, Any],
@@ -84,7 +84,7 @@ def test_sigterm_to_a_worker(
 
 def test_a_draining_web_node_refuses_new_runs_but_stays_reachable(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     sections = scripted_agent([{"Text": "hi"}]) | {
@@ -122,7 +122,7 @@ def test_a_draining_web_node_refuses_new_runs_but_stays_reachable(
 
 def test_drain_command_makes_the_node_refuse_runs(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     cluster = make_cluster(sqlite_url, **scripted_agent([{"Text": "hi"}]))

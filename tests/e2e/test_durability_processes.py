@@ -15,8 +15,8 @@ import pytest
 import redis
 from sqlalchemy import update
 
-from tests.conftest import scripted_agent
 from tests.e2e.cluster import Cluster, Process, wait_until
+from tests.helpers import MakeRuntime, Script, scripted_agent
 from tests.stub_provider import StubProvider, hang, reply
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import NewRun
@@ -30,7 +30,7 @@ FAST_RECONCILE = {
     "OrphanThreshold": "00:00:02",
     "ScanInterval": "00:00:00.500",
 }
-SCRIPT = [
+SCRIPT: Script = [
     {"ToolCalls": [{"Name": "record_step", "Arguments": {"step": "A"}}]},
     {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 60}}]},
     {"Text": "all done"},
@@ -81,10 +81,10 @@ class Crashable:
 
 def run_inside_a_tool(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sql_url: str,
     flags: Path,
-    script: list[dict[str, Any]],
+    script: Script,
     tools: list[str],
     in_tool: str,
 ) -> Crashable:
@@ -104,7 +104,7 @@ def run_inside_a_tool(
 
 def test_a_run_killed_mid_tool_is_orphaned_then_continued_without_repeating_effects(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     flags: Path,
 ) -> None:
@@ -141,11 +141,11 @@ def test_a_run_killed_mid_tool_is_orphaned_then_continued_without_repeating_effe
 
 def test_a_destructive_tool_in_flight_at_the_crash_blocks_continuation(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     flags: Path,
 ) -> None:
-    script = [
+    script: Script = [
         {"ToolCalls": [{"Name": "wipe_records", "Arguments": {"seconds": 60}}]},
         {"Text": "wiped"},
     ]
@@ -172,7 +172,7 @@ def test_a_destructive_tool_in_flight_at_the_crash_blocks_continuation(
 
 def test_cancel_from_another_web_process_aborts_a_hanging_provider_call(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
@@ -213,12 +213,12 @@ def test_cancel_from_another_web_process_aborts_a_hanging_provider_call(
 
 def test_a_flushed_redis_loses_neither_the_run_nor_its_cancel_nor_its_heartbeats(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     flags: Path,
     redis_client: redis.Redis,
 ) -> None:
-    script = [
+    script: Script = [
         {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 60}}]},
         {"Text": "survived"},
     ]
@@ -258,11 +258,11 @@ def test_a_flushed_redis_loses_neither_the_run_nor_its_cancel_nor_its_heartbeats
 
 def test_a_frozen_zombie_never_produces_a_second_result(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     flags: Path,
 ) -> None:
-    script = [
+    script: Script = [
         {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 60}}]},
         {"Text": "done"},
     ]

@@ -15,11 +15,10 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import scripted_agent
 from tests.e2e.cluster import Cluster, wait_for_log, wait_until
+from tests.helpers import MakeRuntime, scripted_agent
 from tracon_jobs.idempotency import IdempotencyStore
 from tracon_jobs.runs.store import RunFilter
-from tracon_jobs.runtime import Runtime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -78,7 +77,7 @@ def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_twenty_concurrent_duplicates_across_two_web_processes_execute_once(
-    make_cluster: Callable[..., Cluster], make_runtime: Callable[..., Runtime], sql_url: str
+    make_cluster: Callable[..., Cluster], make_runtime: MakeRuntime, sql_url: str
 ) -> None:
     sections = scripted_agent([{"Text": "ticket 4182 is on its way", "DelaySeconds": 1.0}])
     sections["Runs"] = {"BufferedWaitTimeout": 30}  # a lost run shows as a 202, not a hang
@@ -132,7 +131,7 @@ def test_twenty_concurrent_duplicates_across_two_web_processes_execute_once(
 
 
 def test_a_crash_after_reservation_leaves_in_progress_for_the_operator_to_release(
-    make_cluster: Callable[..., Cluster], make_runtime: Callable[..., Runtime], sql_url: str
+    make_cluster: Callable[..., Cluster], make_runtime: MakeRuntime, sql_url: str
 ) -> None:
     sections = scripted_agent([{"Text": "slow", "DelaySeconds": 5}])
     cluster = make_cluster(sql_url, **sections)

@@ -22,16 +22,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import redis
 
 from tests.e2e.cluster import REPO, Process, wait_for_log, wait_until
+from tracon_jobs.cli.supervisor import Supervisor
 from tracon_jobs.coordination.leases import RedisLeaseStore
 from tracon_jobs.embedded_redis import start_embedded
 
@@ -139,7 +139,16 @@ def test_the_checks_reject_a_belief_after_the_last_expiry() -> None:
 @dataclass
 class Contenders:
     client: redis.Redis
-    processes: dict[int, Process]
+    children: Supervisor
+    processes: dict[int, Process] = field(default_factory=dict)  # by pid, as in lease owners
+
+    def start(self, redis_url: str, index: int) -> Process:
+        module = "tests.e2e.lease_contender"
+        argv = [sys.executable, "-m", module, redis_url, LEASE, str(TTL), LOG_KEY]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+        process = self.children.start(f"contender{index}", argv, env)
+        self.processes[process.popen.pid] = process
+        return process
 
     def server_ms(self) -> int:
         seconds, micros = self.client.time()
@@ -171,7 +180,7 @@ class Contenders:
     def signal(self, pid: int, sig: signal.Signals) -> int:
         """Send `sig` to one contender; the server time just before it."""
         at = self.server_ms()
-        os.killpg(self.processes[pid].popen.pid, sig)
+        self.processes[pid].send(sig)
         return at
 
     def records(self) -> tuple[list[Op], list[Tick]]:
@@ -186,24 +195,9 @@ class Contenders:
         return ops, ticks
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.popen.poll() is None:
-                os.killpg(process.popen.pid, signal.SIGCONT)
-                os.killpg(process.popen.pid, signal.SIGKILL)
-            process.popen.wait(timeout=10)
-
-
-def start_contender(directory: Path, redis_url: str, index: int) -> Process:
-    log = directory / f"contender{index}.log"
-    popen = subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.lease_contender", redis_url, LEASE, str(TTL), LOG_KEY],
-        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
-        cwd=REPO,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # signals reach the whole process
-    )
-    return Process(f"contender{index}", popen, log)
+        """`kill -9` of every contender (a stalled one too), each reaped."""
+        for process in self.children.running():
+            process.kill9()
 
 
 @pytest.fixture
@@ -222,10 +216,9 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[redis.Redis, str]]:
 @pytest.fixture
 def contenders(tmp_path: Path, private_redis: tuple[redis.Redis, str]) -> Iterator[Contenders]:
     client, url = private_redis
-    processes = [start_contender(tmp_path, url, i) for i in range(3)]
-    group = Contenders(client, {p.popen.pid: p for p in processes})
+    group = Contenders(client, Supervisor(cwd=REPO, log_dir=tmp_path))
     try:
-        for process in processes:
+        for process in [group.start(url, i) for i in range(3)]:
             wait_for_log(process, "ready", timeout=30)
         yield group
     finally:

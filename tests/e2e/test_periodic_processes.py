@@ -11,11 +11,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from tests.conftest import scripted_agent
 from tests.e2e.cluster import Cluster, wait_until
+from tests.helpers import MakeRuntime, scripted_agent
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import NewRun
-from tracon_jobs.runtime import Runtime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -34,7 +33,7 @@ FORWARD = re.compile(r"tracon\.reconcile\.scan\[[^\]]+\] succeeded in [^:]+: \{'
 
 def test_every_scan_runs_in_the_lease_owner_and_closes_orphans(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     cluster = make_cluster(sqlite_url, **SECTIONS)

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import scripted_agent
 from tests.e2e.cluster import Cluster, wait_for_log, wait_until
+from tests.helpers import MakeRuntime, scripted_agent
 from tracon_jobs.runs.dispatch import celery_sender
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
@@ -32,12 +32,17 @@ def wait_status(runtime: Runtime, run_id: str, status: str, timeout: float = 30)
     )
 
 
+def text(value: bytes | str) -> str:
+    """A Redis reply as text (the test client does not decode responses)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def started_events(runtime: Runtime, run_id: str) -> list[dict[str, Any]]:
     return [e.data for e in runtime.runs.events(run_id) if e.type == "RunStarted"]
 
 
 def test_duplicated_messages_across_two_workers_execute_each_run_once(
-    make_cluster: Callable[..., Cluster], make_runtime: Callable[..., Runtime], sqlite_url: str
+    make_cluster: Callable[..., Cluster], make_runtime: MakeRuntime, sqlite_url: str
 ) -> None:
     sections = scripted_agent([{"Text": "once", "DelaySeconds": 0.2}])
     cluster = make_cluster(sqlite_url, **sections)
@@ -69,7 +74,7 @@ def test_duplicated_messages_across_two_workers_execute_each_run_once(
 
 def test_killed_worker_prefetched_run_is_resent_and_completed_by_another(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     redis_client: redis.Redis,
 ) -> None:
@@ -85,7 +90,7 @@ def test_killed_worker_prefetched_run_is_resent_and_completed_by_another(
     wait_status(runtime, busy, "Running")
     prefetched = runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "next"})).id
     wait_until(
-        lambda: any(prefetched in v.decode() for v in redis_client.hvals("unacked")),
+        lambda: any(prefetched in text(v) for v in redis_client.hvals("unacked")),
         timeout=10,
         what="the second message in the doomed worker's unacked set",
     )
@@ -119,7 +124,7 @@ def test_killed_worker_prefetched_run_is_resent_and_completed_by_another(
 
 
 def test_submit_over_http_to_real_web_and_worker_processes(
-    make_cluster: Callable[..., Cluster], make_runtime: Callable[..., Runtime], sql_url: str
+    make_cluster: Callable[..., Cluster], make_runtime: MakeRuntime, sql_url: str
 ) -> None:
     sections = scripted_agent(
         [

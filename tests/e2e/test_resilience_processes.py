@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from celery.utils.nodenames import worker_direct
 
-from tests.conftest import scripted_agent
 from tests.e2e.cluster import Cluster, Process, wait_until
+from tests.helpers import MakeRuntime, scripted_agent
 from tests.stub_provider import StubProvider, error, hang, reply
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.dispatch import EXECUTE_TASK
@@ -63,13 +63,17 @@ def start_workers(cluster: Cluster, count: int, concurrency: int) -> list[Proces
         for i in range(count)
     ]
     for worker in workers:
-        wait_until(lambda w=worker: "ready." in w.text(), timeout=60, what=f"{worker.name}")
+        wait_until(ready(worker), timeout=60, what=f"{worker.name}")
     return workers
+
+
+def ready(worker: Process) -> Callable[[], bool]:
+    return lambda: "ready." in worker.text()
 
 
 def test_four_processes_share_one_circuit(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
@@ -109,7 +113,7 @@ def test_four_processes_share_one_circuit(
 
 def test_concurrent_runs_open_the_circuit_at_exactly_the_threshold(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
@@ -139,7 +143,7 @@ def test_concurrent_runs_open_the_circuit_at_exactly_the_threshold(
 
 def test_fifty_runs_on_two_processes_never_exceed_the_provider_limit(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
@@ -160,7 +164,7 @@ def test_fifty_runs_on_two_processes_never_exceed_the_provider_limit(
 
 def test_a_killed_holder_frees_its_slots_within_the_lease(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:

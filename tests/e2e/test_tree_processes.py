@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.cluster import Cluster, wait_until
+from tests.helpers import MakeRuntime
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
@@ -94,7 +95,7 @@ def owners(runtime: Runtime, runs: list[Run]) -> set[str]:
 )
 def test_child_limits_hold_across_two_worker_processes(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     graph: dict[str, Any],
     children: int,
@@ -124,7 +125,7 @@ def test_child_limits_hold_across_two_worker_processes(
 )
 def test_tree_spend_limits_hold_across_two_worker_processes(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     graph: dict[str, Any],
     setting: str,
@@ -147,7 +148,7 @@ def test_tree_spend_limits_hold_across_two_worker_processes(
 
 def test_no_deadlock_when_every_worker_thread_is_a_waiting_parent(
     make_cluster: Callable[..., Cluster],
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     config = tree_config({}, children=2)

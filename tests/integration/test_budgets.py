@@ -4,14 +4,13 @@ message, and the overshoot bound of concurrent branches (real Redis, real SQL)."
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import pytest
 import redis
 
-from tests.conftest import scripted_agent
+from tests.helpers import MakeRuntime, Script, hold_queued, scripted_agent
 from tracon_jobs.resilience.budgets import (
     BudgetStore,
     Limits,
@@ -21,7 +20,6 @@ from tracon_jobs.resilience.budgets import (
 )
 from tracon_jobs.runs import subagents
 from tracon_jobs.runs.budget import seed_totals
-from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
@@ -40,15 +38,13 @@ def _quick_child_claim(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def runtime_with(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     url: str,
-    script: list[dict[str, Any]],
+    script: Script,
     tools: list[str],
     **sections: Any,
 ) -> Runtime:
-    runtime = make_runtime(url, **(scripted_agent(script, tools) | sections))
-    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
-    return runtime
+    return make_runtime(url, sender=hold_queued, **(scripted_agent(script, tools) | sections))
 
 
 def run_demo(runtime: Runtime, agent: str = "demo") -> Any:
@@ -63,7 +59,7 @@ def events(runtime: Runtime, run_id: str, type_: str) -> list[dict[str, Any]]:
 
 
 def test_token_limit_refuses_the_tool_call_then_the_next_model_call(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sql_url: str,
 ) -> None:
     runtime = runtime_with(
@@ -86,7 +82,7 @@ def test_token_limit_refuses_the_tool_call_then_the_next_model_call(
 
 
 def test_reported_spend_counts_against_the_cost_limit_in_its_currency_only(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     script = [{"ToolCalls": [{"Name": "render_audio", "Arguments": {"seconds": 1}}]}] * 3
@@ -107,10 +103,10 @@ def test_reported_spend_counts_against_the_cost_limit_in_its_currency_only(
 
 
 def test_an_unknown_price_makes_the_cost_limit_fall_back_to_tokens(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
-    script = [
+    script: Script = [
         {"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A"}}]},
         {"Text": "done"},
     ]
@@ -129,10 +125,10 @@ def test_an_unknown_price_makes_the_cost_limit_fall_back_to_tokens(
 
 
 def test_duration_limit_refuses_the_next_model_call(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
-    script = [
+    script: Script = [
         {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 0.4}}]},
         {"Text": "too late"},
     ]
@@ -164,14 +160,12 @@ SUPERVISOR = {
 }
 
 
-def supervisor(make_runtime: Callable[..., Runtime], url: str, **graph: Any) -> Runtime:
-    runtime = make_runtime(url, **SUPERVISOR, AgentGraph=graph)
-    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
-    return runtime
+def supervisor(make_runtime: MakeRuntime, url: str, **graph: Any) -> Runtime:
+    return make_runtime(url, sender=hold_queued, **SUPERVISOR, AgentGraph=graph)
 
 
 def test_a_sub_agent_is_a_child_run_of_the_tree(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sql_url: str,
 ) -> None:
     runtime = supervisor(make_runtime, sql_url)
@@ -194,7 +188,7 @@ def test_a_sub_agent_is_a_child_run_of_the_tree(
     ],
 )
 def test_a_refused_child_is_the_tools_error_and_the_parent_goes_on(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     graph: dict[str, Any],
     refused: int,
@@ -239,7 +233,7 @@ def test_concurrent_branches_overshoot_by_less_than_one_call(budget_store: Budge
 
 
 def test_a_continuation_starts_from_what_its_chain_spent(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sql_url: str,
 ) -> None:
     runtime = supervisor(make_runtime, sql_url)
@@ -257,7 +251,7 @@ def test_a_continuation_starts_from_what_its_chain_spent(
 
 
 def test_a_lost_budget_is_rebuilt_from_sql(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     redis_client: redis.Redis,
 ) -> None:

@@ -1,9 +1,8 @@
 """Cancellation, heartbeats, reconciliation and continuation, in one process with real SQL
-and Redis; times are explicit (`scan_once(now)`), nothing sleeps for a deadline."""
+and Redis; times are explicit (`reconciler.scan_once(now)`), nothing sleeps for a deadline."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -13,19 +12,17 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import update
 
-from beat_schedules.reconcile import scan_once
 from tests import tools
-from tests.conftest import scripted_agent
+from tests.helpers import MakeRuntime, Script, ThreadWorker, hold_queued, scripted_agent
 from tests.stub_provider import StubProvider, hang, reply, tool_call
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, ToolCallRecord
-from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.ledger import ToolOutcome
 from tracon_jobs.runs.lifecycle import ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import TAKEN_AWAY, LiveRuns
 from tracon_jobs.runs.store import NewRun, RunStore
 from tracon_jobs.runtime import Runtime
-from tracon_jobs.signal import AbortSignal
 from web import create_app
 
 RECONCILE = {
@@ -65,7 +62,10 @@ def set_heartbeat(runtime: Runtime, run_id: str, ago: timedelta, **values: Any) 
 
 @pytest.fixture
 def web_runtime(
-    make_runtime: Callable[..., Runtime], sql_url: str, stub_provider: StubProvider
+    make_runtime: MakeRuntime,
+    sql_url: str,
+    stub_provider: StubProvider,
+    thread_worker: ThreadWorker,
 ) -> Runtime:
     config = scripted_agent([], ["slow_step"])
     config["Providers"] = {
@@ -73,11 +73,7 @@ def web_runtime(
     }
     config["Agents"]["demo"]["Model"] = {"provider": "a", "model": "gpt-a"}
     runtime = make_runtime(sql_url, **config)
-
-    def worker_thread(run_id: str) -> None:
-        threading.Thread(target=runtime.executor.execute, args=(run_id,), daemon=True).start()
-
-    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, worker_thread)
+    runtime.send_runs_with(thread_worker.sender(runtime))
     return runtime
 
 
@@ -148,7 +144,7 @@ def test_cancel_a_queued_run_closes_it_and_its_message_is_dropped(
     web_runtime: Runtime,
 ) -> None:
     http, headers = client
-    web_runtime.__dict__["dispatcher"] = RunDispatcher(web_runtime.runs, lambda run_id: None)
+    web_runtime.send_runs_with(hold_queued)
     run_id = submit_async(http, headers)
 
     assert http.post(f"/api/runs/{run_id}/cancel", headers=headers).status_code == 202
@@ -163,7 +159,7 @@ def test_cancel_is_404_for_unknown_and_other_tenants_runs(
     web_runtime: Runtime,
 ) -> None:
     http, headers = client
-    web_runtime.__dict__["dispatcher"] = RunDispatcher(web_runtime.runs, lambda run_id: None)
+    web_runtime.send_runs_with(hold_queued)
     run_id = submit_async(http, headers)
     other = web_runtime.tenants.issue_key(web_runtime.tenants.ensure_tenant("globex")).secret
 
@@ -203,7 +199,7 @@ def test_canceling_a_root_cancels_descendants_but_a_child_touches_nobody_else(
 
 
 def test_a_heartbeat_that_changes_no_row_stops_the_executor(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     runtime = make_runtime(
@@ -224,7 +220,7 @@ def test_a_heartbeat_that_changes_no_row_stops_the_executor(
 
 
 def test_heartbeats_are_written_for_running_runs(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sql_url: str,
 ) -> None:
     runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
@@ -244,7 +240,7 @@ def test_heartbeats_are_written_for_running_runs(
 
 
 def test_scan_closes_silent_running_runs_as_orphaned(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sql_url: str,
 ) -> None:
     runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
@@ -253,7 +249,7 @@ def test_scan_closes_silent_running_runs_as_orphaned(
         assert runtime.runs.claim(run.id, "dead-worker") is not None
     set_heartbeat(runtime, silent.id, timedelta(minutes=10))
 
-    result = scan_once(runtime, runtime.db.now())
+    result = runtime.reconciler.scan_once(runtime.db.now())
 
     assert result.orphaned == [silent.id]
     closed = runtime.runs.get(silent.id)
@@ -268,18 +264,18 @@ def test_scan_closes_silent_running_runs_as_orphaned(
 
 
 def test_scan_closes_a_queued_run_that_heartbeated(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     runtime = make_runtime(sqlite_url, RunReconciliation=RECONCILE, **scripted_agent([]))
     waiting = new_run(runtime)
     set_heartbeat(runtime, waiting.id, timedelta(minutes=10))
 
-    assert scan_once(runtime, runtime.db.now()).orphaned == [waiting.id]
+    assert runtime.reconciler.scan_once(runtime.db.now()).orphaned == [waiting.id]
 
 
 def test_scan_closes_a_canceled_orphan_as_canceled_and_never_continues_it(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     runtime = make_runtime(
@@ -292,14 +288,14 @@ def test_scan_closes_a_canceled_orphan_as_canceled_and_never_continues_it(
     assert runtime.runs.claim(run.id, "dead-worker") is not None
     set_heartbeat(runtime, run.id, timedelta(minutes=10), cancel_requested_at=runtime.db.now())
 
-    result = scan_once(runtime, runtime.db.now())
+    result = runtime.reconciler.scan_once(runtime.db.now())
 
     assert result.canceled == [run.id] and result.continued == {}
     assert status(runtime, run.id) == "Canceled"
 
 
 def test_scan_respects_max_runs_per_scan(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     runtime = make_runtime(
@@ -310,14 +306,14 @@ def test_scan_respects_max_runs_per_scan(
         runtime.runs.claim(run.id, "dead")
         set_heartbeat(runtime, run.id, timedelta(minutes=10))
 
-    first = scan_once(runtime, runtime.db.now())
-    second = scan_once(runtime, runtime.db.now())
+    first = runtime.reconciler.scan_once(runtime.db.now())
+    second = runtime.reconciler.scan_once(runtime.db.now())
 
     assert len(first.orphaned) == 2 and len(second.orphaned) == 1
 
 
 def test_a_run_that_beats_after_the_scan_read_it_is_not_closed(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sql_url: str,
 ) -> None:
     runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
@@ -341,7 +337,7 @@ def test_a_run_that_beats_after_the_scan_read_it_is_not_closed(
 
 # -- continuation ------------------------------------------------------------------------
 
-STEPS = [
+STEPS: Script = [
     {"ToolCalls": [{"Name": "record_step", "Arguments": {"step": "A"}}]},
     {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 0}}]},
     {"Text": "all done"},
@@ -354,6 +350,7 @@ def orphan_midway(runtime: Runtime, tool: str = "slow_step", **fields: Any) -> R
     claim = runtime.runs.claim(run.id, "dead-worker")
     assert claim is not None
     done = runtime.executor.ledger.start(claim, 0, "call_0_0", "record_step", {"step": "A"})
+    assert done is not None
     runtime.executor.ledger.finish(
         claim, done, "record_step", ToolOutcome(ok=True, result="recorded A")
     )
@@ -362,28 +359,25 @@ def orphan_midway(runtime: Runtime, tool: str = "slow_step", **fields: Any) -> R
     return run
 
 
-def continuation_runtime(
-    make_runtime: Callable[..., Runtime], url: str, **continuation: Any
-) -> Runtime:
-    runtime = make_runtime(
+def continuation_runtime(make_runtime: MakeRuntime, url: str, **continuation: Any) -> Runtime:
+    return make_runtime(
         url,
+        sender=hold_queued,
         RunReconciliation=RECONCILE,
         RunContinuation={"Enabled": True, **continuation},
         **scripted_agent(STEPS, ["record_step", "slow_step", "wipe_records"]),
     )
-    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
-    return runtime
 
 
 def test_continuation_answers_completed_calls_and_reruns_the_one_in_flight_with_its_key(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sql_url: str,
 ) -> None:
     runtime = continuation_runtime(make_runtime, sql_url)
     orphan = orphan_midway(runtime)
     steps_before = [c for c in tools.calls if c[0] == "record_step"]
 
-    result = scan_once(runtime, runtime.db.now())
+    result = runtime.reconciler.scan_once(runtime.db.now())
     continuation_id = result.continued[orphan.id]
     assert runtime.executor.execute(continuation_id) == "Completed"
 
@@ -403,13 +397,13 @@ def test_continuation_answers_completed_calls_and_reruns_the_one_in_flight_with_
 
 
 def test_a_destructive_call_in_flight_blocks_continuation(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
 ) -> None:
     runtime = continuation_runtime(make_runtime, sqlite_url)
     orphan = orphan_midway(runtime, tool="wipe_records")
 
-    result = scan_once(runtime, runtime.db.now())
+    result = runtime.reconciler.scan_once(runtime.db.now())
 
     assert result.continued == {} and status(runtime, orphan.id) == "Failed"
     blocked = [e.data for e in runtime.runs.events(orphan.id) if e.type == "RunContinuationBlocked"]
@@ -426,7 +420,7 @@ def test_a_destructive_call_in_flight_blocks_continuation(
     ],
 )
 def test_continuation_is_refused_with_a_reason(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     fields: dict[str, Any],
     reason: str,
@@ -436,14 +430,14 @@ def test_continuation_is_refused_with_a_reason(
     assert runtime.runs.claim(run.id, "dead") is not None
     set_heartbeat(runtime, run.id, timedelta(minutes=10))
 
-    assert scan_once(runtime, runtime.db.now()).continued == {}
+    assert runtime.reconciler.scan_once(runtime.db.now()).continued == {}
 
     blocked = [e.data for e in runtime.runs.events(run.id) if e.type == "RunContinuationBlocked"]
     assert reason in blocked[0]["reason"]
 
 
 def test_a_failed_heartbeat_is_logged_and_tried_again_at_the_next_interval(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:

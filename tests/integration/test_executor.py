@@ -3,14 +3,13 @@ OpenAI-compatible stub over real HTTP for the `openai` provider kind."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from sqlalchemy import select, update
 
-from tests.conftest import scripted_agent
+from tests.helpers import MakeRuntime, Script, scripted_agent
 from tests.stub_provider import Reply, StubProvider, StubToolCall, error, reply
 from tracon_jobs.db.models import Run, ToolCallRecord
 from tracon_jobs.errors import RunTakenAway
@@ -38,7 +37,7 @@ def event_types(runtime: Runtime, run_id: str) -> list[str]:
 
 
 def test_tool_call_then_answer_records_ledger_tokens_and_cost(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str
 ) -> None:
     runtime = make_runtime(sql_url, **scripted_agent(TOOL_THEN_ANSWER, ["lookup_order"]))
     run_id = submit(runtime)
@@ -75,7 +74,7 @@ def test_tool_call_then_answer_records_ledger_tokens_and_cost(
 
 
 def test_openai_provider_over_real_http(
-    make_runtime: Callable[..., Runtime], sql_url: str, stub_provider: StubProvider
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
 ) -> None:
     sections = scripted_agent([], ["lookup_order"])
     sections["Providers"] = {
@@ -112,7 +111,7 @@ def test_openai_provider_over_real_http(
 
 
 def test_provider_failure_fails_the_run_with_its_status(
-    make_runtime: Callable[..., Runtime], sql_url: str, stub_provider: StubProvider
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
 ) -> None:
     sections = scripted_agent([])
     sections["Providers"] = {"stub": {"Kind": "openai", "BaseUrl": stub_provider.base_url}}
@@ -130,7 +129,7 @@ def test_provider_failure_fails_the_run_with_its_status(
     assert run.cost_source == "Configured" and run.input_tokens == 0
 
 
-def test_second_delivery_is_dropped(make_runtime: Callable[..., Runtime], sql_url: str) -> None:
+def test_second_delivery_is_dropped(make_runtime: MakeRuntime, sql_url: str) -> None:
     runtime = make_runtime(sql_url, **scripted_agent([{"Text": "hi"}]))
     run_id = submit(runtime)
 
@@ -140,7 +139,7 @@ def test_second_delivery_is_dropped(make_runtime: Callable[..., Runtime], sql_ur
 
 
 def test_a_zombie_cannot_write_after_the_run_was_taken_away(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str
 ) -> None:
     runtime = make_runtime(sql_url, **scripted_agent([{"Text": "hi"}]))
     run_id = submit(runtime)
@@ -171,7 +170,7 @@ def test_a_zombie_cannot_write_after_the_run_was_taken_away(
     ],
 )
 def test_misconfiguration_fails_the_run_clearly(
-    make_runtime: Callable[..., Runtime], sqlite_url: str, sections: dict[str, Any], message: str
+    make_runtime: MakeRuntime, sqlite_url: str, sections: dict[str, Any], message: str
 ) -> None:
     base = scripted_agent([{"Text": "hi"}], ["lookup_order"])
     runtime = make_runtime(sqlite_url, **(base | sections))
@@ -187,9 +186,9 @@ def test_misconfiguration_fails_the_run_clearly(
 
 
 def test_tool_timeout_is_reported_to_the_model_and_the_run_goes_on(
-    make_runtime: Callable[..., Runtime], sqlite_url: str
+    make_runtime: MakeRuntime, sqlite_url: str
 ) -> None:
-    script = [
+    script: Script = [
         {"ToolCalls": [{"Name": "slow_tool", "Arguments": {"seconds": 2}}]},
         {"Text": "gave up waiting"},
     ]
@@ -204,7 +203,7 @@ def test_tool_timeout_is_reported_to_the_model_and_the_run_goes_on(
     assert "TIMEOUT" in (run.messages or [])[-1]["content"]
 
 
-def test_max_turns_fails_the_run(make_runtime: Callable[..., Runtime], sqlite_url: str) -> None:
+def test_max_turns_fails_the_run(make_runtime: MakeRuntime, sqlite_url: str) -> None:
     loop = [{"ToolCalls": [{"Name": "async_echo", "Arguments": {"text": "again"}}]}]
     runtime = make_runtime(sqlite_url, Runs={"MaxTurns": 3}, **scripted_agent(loop, ["async_echo"]))
     run_id = submit(runtime)
@@ -216,11 +215,11 @@ def test_max_turns_fails_the_run(make_runtime: Callable[..., Runtime], sqlite_ur
 
 
 def test_runtime_retries_keep_the_key_and_a_new_model_call_gets_a_new_one(
-    make_runtime: Callable[..., Runtime], sqlite_url: str
+    make_runtime: MakeRuntime, sqlite_url: str
 ) -> None:
     from tests import tools
 
-    script = [
+    script: Script = [
         {"ToolCalls": [{"Name": "flaky_read", "Arguments": {"key": "k-retry"}}]},
         {"ToolCalls": [{"Name": "flaky_read", "Arguments": {"key": "k-retry"}}]},
         {"Text": "done"},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,11 +16,10 @@ import sqlalchemy as sa
 from flask import Flask, Response, jsonify
 from flask.testing import FlaskClient
 
-from tests.conftest import scripted_agent
+from tests.helpers import MakeRuntime, ThreadWorker, hold_queued, scripted_agent
 from tracon_jobs.db.models import IdempotencyRecord, Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.idempotency import IdempotencyStore
-from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runtime import Runtime
 from web import create_app
 from web.auth import require_tenant
@@ -30,23 +29,17 @@ PATH = "/api/agents/demo/run"
 BODY = b'{"message": "Where is A-1?"}'
 
 
-def thread_worker(runtime: Runtime) -> Callable[[str], None]:
-    def send(run_id: str) -> None:
-        threading.Thread(target=runtime.executor.execute, args=(run_id,), daemon=True).start()
-
-    return send
-
-
-def make(make_runtime: Callable[..., Runtime], sql_url: str, **sections: Any) -> Runtime:
+def make(make_runtime: MakeRuntime, sql_url: str, worker: ThreadWorker, **sections: Any) -> Runtime:
+    """A runtime whose runs `worker` executes on threads."""
     config = scripted_agent([{"Text": "It shipped.", "InputTokens": 7, "OutputTokens": 3}])
     rt = make_runtime(sql_url, **{**config, **sections})
-    rt.__dict__["dispatcher"] = RunDispatcher(rt.runs, thread_worker(rt))
+    rt.send_runs_with(worker.sender(rt))
     return rt
 
 
 @pytest.fixture
-def runtime(make_runtime: Callable[..., Runtime], sql_url: str) -> Runtime:
-    return make(make_runtime, sql_url)
+def runtime(make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker) -> Runtime:
+    return make(make_runtime, sql_url, thread_worker)
 
 
 @pytest.fixture
@@ -143,10 +136,10 @@ def test_respond_async_with_a_key_stores_and_replays_the_202(
 
 
 def test_same_key_still_in_progress_is_409(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker
 ) -> None:
     # Given a request whose run takes a second
-    rt = make(make_runtime, sql_url, Providers=slow_provider(1.0))
+    rt = make(make_runtime, sql_url, thread_worker, Providers=slow_provider(1.0))
     client = create_app(rt, {"TESTING": True}).test_client()
     key = rt.tenants.issue_key(rt.tenants.ensure_tenant("acme")).secret
     first: list[Any] = []
@@ -181,11 +174,11 @@ def test_same_key_with_a_different_body_is_422(client: FlaskClient, key: str) ->
 
 
 def test_same_key_with_a_different_path_is_422(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker
 ) -> None:
     config = scripted_agent([{"Text": "ok"}])
     config["Agents"]["other"] = config["Agents"]["demo"]
-    rt = make(make_runtime, sql_url, Agents=config["Agents"])
+    rt = make(make_runtime, sql_url, thread_worker, Agents=config["Agents"])
     client = create_app(rt, {"TESTING": True}).test_client()
     key = rt.tenants.issue_key(rt.tenants.ensure_tenant("acme")).secret
     assert post(client, key).status_code == 200
@@ -250,9 +243,9 @@ def test_key_with_stream_true_is_400_and_nothing_is_reserved(
 
 
 def test_disabled_idempotency_with_the_header_is_501_and_does_not_execute(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker
 ) -> None:
-    rt = make(make_runtime, sql_url, Idempotency={"Enabled": False})
+    rt = make(make_runtime, sql_url, thread_worker, Idempotency={"Enabled": False})
     client = create_app(rt, {"TESTING": True}).test_client()
     key = rt.tenants.issue_key(rt.tenants.ensure_tenant("acme")).secret
 
@@ -267,10 +260,10 @@ def test_disabled_idempotency_with_the_header_is_501_and_does_not_execute(
 
 
 def test_a_failed_run_is_not_stored_and_a_retry_executes_again(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker
 ) -> None:
     failing = {"scripted": {"Kind": "scripted", "Script": [{"ErrorStatus": 400}]}}
-    rt = make(make_runtime, sql_url, Providers=failing)
+    rt = make(make_runtime, sql_url, thread_worker, Providers=failing)
     client = create_app(rt, {"TESTING": True}).test_client()
     key = rt.tenants.issue_key(rt.tenants.ensure_tenant("acme")).secret
 
@@ -290,12 +283,12 @@ def test_an_error_answer_releases_the_reservation(
     def refuse(run_id: str) -> None:
         raise EnqueueError("broker down")
 
-    working = runtime.dispatcher
-    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, refuse)
+    working = runtime.dispatcher.send
+    runtime.send_runs_with(refuse)
     assert post(client, key).status_code == 503
     assert records(runtime) == []
 
-    runtime.__dict__["dispatcher"] = working
+    runtime.send_runs_with(working)
     assert post(client, key).status_code == 200
 
 
@@ -305,7 +298,7 @@ def test_an_exception_releases_the_reservation(
     def explode(run_id: str) -> None:
         raise RuntimeError("a bug")
 
-    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, explode)
+    runtime.send_runs_with(explode)
 
     with pytest.raises(RuntimeError):
         post(client, key)
@@ -324,11 +317,11 @@ def test_a_bad_body_with_a_key_is_400_and_released(
 
 
 def test_a_run_that_exhausts_its_quota_answers_429(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker
 ) -> None:
     looping = [{"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A-1"}}]}]
     config = scripted_agent(looping, ["lookup_order"])
-    rt = make(make_runtime, sql_url, **config, Runs={"MaxTurns": 1})
+    rt = make(make_runtime, sql_url, thread_worker, **config, Runs={"MaxTurns": 1})
     client = create_app(rt, {"TESTING": True}).test_client()
     key = rt.tenants.issue_key(rt.tenants.ensure_tenant("acme")).secret
 
@@ -340,10 +333,14 @@ def test_a_run_that_exhausts_its_quota_answers_429(
 
 
 def test_a_run_still_going_after_the_buffered_wait_answers_202_and_replays_it(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker
 ) -> None:
     rt = make(
-        make_runtime, sql_url, Providers=slow_provider(2.0), Runs={"BufferedWaitTimeout": 0.3}
+        make_runtime,
+        sql_url,
+        thread_worker,
+        Providers=slow_provider(2.0),
+        Runs={"BufferedWaitTimeout": 0.3},
     )
     client = create_app(rt, {"TESTING": True}).test_client()
     key = rt.tenants.issue_key(rt.tenants.ensure_tenant("acme")).secret
@@ -362,7 +359,7 @@ def test_a_run_still_going_after_the_buffered_wait_answers_202_and_replays_it(
 def test_a_canceled_run_answers_409_and_is_not_stored(
     client: FlaskClient, key: str, runtime: Runtime
 ) -> None:
-    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
+    runtime.send_runs_with(hold_queued)
     answers: list[Any] = []
     caller = threading.Thread(target=lambda: answers.append(post(client, key)))
     caller.start()
@@ -484,9 +481,3 @@ def test_a_key_without_respond_async_on_an_async_only_route_is_400_and_reserves_
     assert replayed.headers["Idempotency-Replayed"] == "true"
     assert replayed.headers["Location"] == "/x/flow"
     assert len(records(runtime)) == 1
-
-
-@pytest.fixture(autouse=True)
-def _quiet_threads() -> Iterator[None]:
-    yield
-    time.sleep(0.05)  # let detached executor threads finish before the database is dropped

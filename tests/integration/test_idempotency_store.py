@@ -3,22 +3,36 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
-from beat_schedules import build_schedule, retention
+from beat_schedules import build_schedule
 from beat_schedules.schedule import IDEMPOTENCY_PURGE_TASK
-from tracon_jobs.idempotency import IdempotencyStore, Outcome, StoredResponse, fingerprint
+from tests.helpers import MakeRuntime
+from tracon_jobs.idempotency import (
+    IdempotencyStore,
+    Outcome,
+    PurgeResult,
+    StoredResponse,
+    fingerprint,
+    purge_past_retention,
+)
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings
 
 PATH = "/api/agents/demo/run"
 
 
+def retention_pass(rt: Runtime, now: datetime) -> PurgeResult:
+    """What the periodic purge task runs, with an explicit `now`."""
+    return purge_past_retention(
+        IdempotencyStore(rt.db), rt.settings.retention.idempotency_retention, now
+    )
+
+
 @pytest.fixture
-def runtime(make_runtime: Callable[..., Runtime], sql_url: str) -> Runtime:
+def runtime(make_runtime: MakeRuntime, sql_url: str) -> Runtime:
     return make_runtime(sql_url)
 
 
@@ -121,28 +135,28 @@ def test_purge_deletes_records_older_than_the_retention(
 
 
 def test_retention_scan_does_nothing_while_retention_is_off(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str
 ) -> None:
     rt = make_runtime(sql_url)
     tenant = rt.tenants.ensure_tenant("acme")
     IdempotencyStore(rt.db).reserve(tenant, "k", "POST", PATH, b"{}")
 
-    result = retention.scan_once(rt, rt.db.now() + timedelta(days=30))
+    result = retention_pass(rt, rt.db.now() + timedelta(days=30))
 
     assert not result.enabled and result.deleted == 0
     assert len(IdempotencyStore(rt.db).list_in_progress()) == 1
 
 
 def test_retention_scan_deletes_after_the_default_day_when_enabled(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str
 ) -> None:
     rt = make_runtime(sql_url, Retention={"Enabled": True})
     tenant = rt.tenants.ensure_tenant("acme")
     IdempotencyStore(rt.db).reserve(tenant, "k", "POST", PATH, b"{}")
     now = rt.db.now()
 
-    assert retention.scan_once(rt, now + timedelta(hours=23)).deleted == 0
-    assert retention.scan_once(rt, now + timedelta(hours=25)).deleted == 1
+    assert retention_pass(rt, now + timedelta(hours=23)).deleted == 0
+    assert retention_pass(rt, now + timedelta(hours=25)).deleted == 1
 
 
 def test_the_purge_is_scheduled_only_when_retention_is_on_and_expires_within_its_interval() -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from tests.conftest import scripted_agent
-from tracon_jobs.runs.dispatch import RunDispatcher
+from tests.helpers import MakeRuntime, ThreadWorker, hold_queued, scripted_agent
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
@@ -26,7 +26,7 @@ TEXT = "It shipped."
 
 @pytest.fixture
 def serve(
-    make_runtime: Callable[..., Runtime], sql_url: str
+    make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker
 ) -> Iterator[Callable[..., tuple[Runtime, str, str]]]:
     """Start the app on an ephemeral port: (runtime, base URL, API key of tenant acme)."""
     servers: list[BaseWSGIServer] = []
@@ -36,7 +36,7 @@ def serve(
     ) -> tuple[Runtime, str, str]:
         steps = script or [{"Text": TEXT, "InputTokens": 7, "OutputTokens": 3}]
         rt = make_runtime(sql_url, **{**scripted_agent(steps), **sections})
-        rt.__dict__["dispatcher"] = RunDispatcher(rt.runs, thread_worker(rt))
+        rt.send_runs_with(thread_worker.sender(rt))
         app = create_app(rt, {"SSE_KEEPALIVE_SECONDS": 0.5})
         server = make_server("127.0.0.1", 0, app, threaded=True)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
@@ -47,14 +47,7 @@ def serve(
     yield start
     for server in servers:
         server.shutdown()
-    time.sleep(0.05)  # let detached executor threads finish before the database is dropped
-
-
-def thread_worker(runtime: Runtime) -> Callable[[str], None]:
-    def send(run_id: str) -> None:
-        threading.Thread(target=runtime.executor.execute, args=(run_id,), daemon=True).start()
-
-    return send
+        server.server_close()
 
 
 def client_for(base: str, key: str) -> openai.OpenAI:
@@ -67,7 +60,7 @@ def api_runs(base: str, key: str) -> list[dict[str, Any]]:
     return items
 
 
-USER = [{"role": "user", "content": "Where is A-1?"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Where is A-1?"}]
 
 
 # -- chat completions -------------------------------------------------------------------
@@ -96,7 +89,7 @@ def test_chat_completion_is_an_ordinary_run_shaped_as_openai(
 def test_chat_history_reaches_the_model(serve: Callable[..., tuple[Runtime, str, str]]) -> None:
     # the scripted model answers step N when the conversation holds N assistant messages
     _, base, key = serve([{"Text": "first"}, {"Text": "second"}])
-    messages: Any = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},
         {"role": "assistant", "content": "first"},
@@ -387,7 +380,7 @@ def test_a_v1_run_is_cancellable_and_then_answers_409(
     serve: Callable[..., tuple[Runtime, str, str]],
 ) -> None:
     rt, base, key = serve()
-    rt.__dict__["dispatcher"] = RunDispatcher(rt.runs, lambda run_id: None)  # stays Queued
+    rt.send_runs_with(hold_queued)
     outcome: list[BaseException] = []
 
     def ask() -> None:

@@ -21,10 +21,10 @@ from tests.stub_provider import (
     tool_call,
     tool_calls,
 )
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
 from tracon_jobs.providers.base import ModelRequest
 from tracon_jobs.providers.openai import OpenAIProvider, parse_retry_after
-from tracon_jobs.signal import AbortSignal
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests import tools
-from tests.conftest import scripted_agent
+from tests.helpers import MakeRuntime, ThreadWorker, scripted_agent
 from tests.stub_provider import (
     Behaviour,
     Reply,
@@ -72,7 +72,7 @@ def charge(amount: int) -> Reply:
 
 
 def test_fallback_after_a_side_effecting_tool_runs_its_body_once(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sql_url: str,
     stub_provider: StubProvider,
     backup: StubProvider,
@@ -120,7 +120,7 @@ PERMANENT: list[tuple[str, Callable[[], Behaviour], int]] = [
 
 @pytest.mark.parametrize(("name", "failure"), TRANSIENT, ids=[t[0] for t in TRANSIENT])
 def test_transient_failures_fall_back(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
     backup: StubProvider,
@@ -139,7 +139,7 @@ def test_transient_failures_fall_back(
 
 @pytest.mark.parametrize(("name", "failure", "status"), PERMANENT, ids=[p[0] for p in PERMANENT])
 def test_permanent_failures_never_fall_back(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
     backup: StubProvider,
@@ -158,7 +158,7 @@ def test_permanent_failures_never_fall_back(
 
 
 def test_when_every_link_fails_the_first_failure_names_every_provider(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
     backup: StubProvider,
@@ -176,7 +176,7 @@ def test_when_every_link_fails_the_first_failure_names_every_provider(
 
 
 def test_circuit_opens_at_the_threshold_and_rejects_without_calling(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
@@ -199,7 +199,7 @@ def test_circuit_opens_at_the_threshold_and_rejects_without_calling(
 
 
 def test_open_circuit_moves_to_the_fallback_without_calling_the_primary(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
     backup: StubProvider,
@@ -220,7 +220,7 @@ def test_open_circuit_moves_to_the_fallback_without_calling_the_primary(
 
 
 def test_retry_after_longer_than_the_break_extends_it(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
@@ -236,7 +236,7 @@ def test_retry_after_longer_than_the_break_extends_it(
 
 
 def test_half_open_admits_one_probe_that_closes_the_circuit(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
@@ -260,7 +260,7 @@ def test_half_open_admits_one_probe_that_closes_the_circuit(
 
 
 def test_disabled_breaker_lets_every_call_through(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
@@ -278,7 +278,7 @@ def test_disabled_breaker_lets_every_call_through(
     ("policy", "status", "calls"), [("allow", "Completed", 1), ("reject", "Failed", 0)]
 )
 def test_unreachable_redis_follows_on_store_unavailable(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
     policy: str,
@@ -302,7 +302,7 @@ def test_unreachable_redis_follows_on_store_unavailable(
 
 
 def test_slots_bound_calls_in_flight_to_a_provider(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
@@ -323,19 +323,16 @@ def test_slots_bound_calls_in_flight_to_a_provider(
 
 
 def test_a_buffered_response_for_an_open_circuit_is_503_with_retry_after(
-    make_runtime: Callable[..., Runtime],
+    make_runtime: MakeRuntime,
     sqlite_url: str,
     stub_provider: StubProvider,
+    thread_worker: ThreadWorker,
 ) -> None:
-    from tracon_jobs.runs.dispatch import RunDispatcher
     from web import create_app
 
     breaker = {"FailureThreshold": 1, "BreakDuration": "00:02:00"}
     runtime = make_runtime(sqlite_url, **chain(stub_provider, CircuitBreaker=breaker))
-    runtime.__dict__["dispatcher"] = RunDispatcher(
-        runtime.runs,
-        lambda run_id: threading.Thread(target=runtime.executor.execute, args=(run_id,)).start(),
-    )
+    runtime.send_runs_with(thread_worker.sender(runtime))
     stub_provider.default = error(500)
     run_once(runtime)  # opens the circuit
     client = create_app(runtime, {"TESTING": True}).test_client()

@@ -9,16 +9,17 @@ from typing import Any
 
 import pytest
 
+import beat_schedules
 from beat_schedules.schedule import IDEMPOTENCY_PURGE_TASK, REQUEUE_TASK
-from tracon_jobs.coordination.periodic import run_periodic
+from beat_schedules.tasks import run_periodic
+from tests.helpers import MakeRuntime
 from tracon_jobs.runtime import Runtime
-
-MakeRuntime = Callable[..., Runtime]
 
 
 @pytest.fixture
 def runtimes(make_runtime: MakeRuntime, sqlite_url: str) -> Iterator[Callable[..., Runtime]]:
-    """Runtimes on one database and one Redis; their lease threads stop at the end."""
+    """Runtimes on one database and one Redis, with the periodic tasks installed on their
+    Celery apps; their lease threads stop at the end."""
     built: list[Runtime] = []
 
     def make(owner: str, enabled: bool = True) -> Runtime:
@@ -27,6 +28,7 @@ def runtimes(make_runtime: MakeRuntime, sqlite_url: str) -> Iterator[Callable[..
             Retention={"Enabled": True},
             SingletonExecution={"Enabled": enabled, "OwnerId": owner, "LeaseDuration": "00:00:30"},
         )
+        beat_schedules.install(runtime.celery, runtime)  # the periodic tasks, as a worker has
         built.append(runtime)
         return runtime
 

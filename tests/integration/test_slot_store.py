@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
 from tracon_jobs.resilience import concurrency
 from tracon_jobs.resilience.concurrency import (
@@ -25,7 +26,6 @@ from tracon_jobs.resilience.concurrency import (
     SlotStore,
     SlotUsage,
 )
-from tracon_jobs.signal import AbortSignal
 
 P = "openai"
 LEASE = 30_000

@@ -5,38 +5,28 @@ process tests in tests/e2e)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from tests.conftest import scripted_agent
+from tests.helpers import MakeRuntime, Script, ThreadWorker, hold_queued, scripted_agent
 from tracon_jobs.errors import EnqueueError
-from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
-SCRIPT = [
+SCRIPT: Script = [
     {"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A-1"}}]},
     {"Text": "It shipped."},
 ]
 
 
-def thread_worker(runtime: Runtime) -> Callable[[str], None]:
-    def send(run_id: str) -> None:
-        threading.Thread(target=runtime.executor.execute, args=(run_id,), daemon=True).start()
-
-    return send
-
-
 @pytest.fixture
-def runtime(make_runtime: Callable[..., Runtime], sql_url: str) -> Runtime:
+def runtime(make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker) -> Runtime:
     rt = make_runtime(sql_url, **scripted_agent(SCRIPT, ["lookup_order"]))
-    rt.__dict__["dispatcher"] = RunDispatcher(rt.runs, thread_worker(rt))
+    rt.send_runs_with(thread_worker.sender(rt))
     return rt
 
 
@@ -228,14 +218,14 @@ def test_events_json_and_sse_resume_with_last_event_id(client: FlaskClient, key:
 
 
 def test_live_tail_follows_a_running_run_without_gaps_or_duplicates(
-    client: FlaskClient, key: str, runtime: Runtime
+    client: FlaskClient, key: str, runtime: Runtime, thread_worker: ThreadWorker
 ) -> None:
     # Given a run that is still queued when the tail subscribes
-    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, lambda run_id: None)
+    runtime.send_runs_with(hold_queued)
     run_id = client.post(
         "/api/agents/demo/run", json={"message": "x"}, headers=auth(key, Prefer="respond-async")
     ).get_json()["runId"]
-    threading.Timer(0.3, runtime.executor.execute, args=(run_id,)).start()
+    thread_worker.start(runtime.executor.execute, run_id, delay=0.3)
 
     response = client.get(
         f"/api/runs/{run_id}/events", headers=auth(key, Accept="text/event-stream")
@@ -262,7 +252,7 @@ def test_enqueue_failure_is_503_and_recorded(
     def refuse(run_id: str) -> None:
         raise EnqueueError("broker down")
 
-    runtime.__dict__["dispatcher"] = RunDispatcher(runtime.runs, refuse)
+    runtime.send_runs_with(refuse)
     response = client.post(
         "/api/agents/demo/run", json={"message": "x"}, headers=auth(key, Prefer="respond-async")
     )
@@ -280,9 +270,3 @@ def test_health_readiness_and_openapi(client: FlaskClient) -> None:
     spec = client.get("/openapi.json").get_json()
     assert spec["openapi"].startswith("3.1")
     assert "/api/agents/{name}/run" in spec["paths"]
-
-
-@pytest.fixture(autouse=True)
-def _quiet_threads() -> Iterator[None]:
-    yield
-    time.sleep(0.05)  # let detached executor threads finish before the database is dropped

@@ -6,19 +6,28 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tracon_jobs.agents.tools import SIDE_EFFECTS, WRITE_LIKE, ToolContext, ToolRegistry, tool
+from tracon_jobs.abort import AbortSignal
+from tracon_jobs.agents.tools import (
+    SIDE_EFFECTS,
+    WRITE_LIKE,
+    SideEffect,
+    ToolContext,
+    ToolRegistry,
+    ToolSpec,
+    tool,
+)
 from tracon_jobs.errors import (
     RetryableToolError,
-    ToolCancelledError,
+    ToolCanceledError,
     ToolError,
     ToolRegistrationError,
 )
 from tracon_jobs.runs.retries import run_with_retries
-from tracon_jobs.signal import AbortSignal
 
 ERRORS = {
     "timeout": None,  # the handler outlives its timeout
@@ -45,10 +54,14 @@ class Recorder:
         if self.error == "timeout":
             time.sleep(0.2)
             return "late result"
-        raise ERRORS[self.error]  # type: ignore[misc]
+        error = ERRORS[self.error]
+        assert error is not None
+        raise error
 
 
-def register(side_effect: str, idempotent: bool, error: str, **options: Any) -> tuple[Any, Any]:
+def register(
+    side_effect: SideEffect, idempotent: bool, error: str, **options: Any
+) -> tuple[ToolSpec, Recorder]:
     handler = Recorder(error)
 
     def refund(order_id: str, *, context: ToolContext) -> str:
@@ -64,6 +77,7 @@ def register(side_effect: str, idempotent: bool, error: str, **options: Any) -> 
         **options,
     )
     spec = registry.get("refund")
+    assert spec is not None
     return spec, handler
 
 
@@ -82,7 +96,7 @@ MATRIX = list(itertools.product(SIDE_EFFECTS, [False, True], ERRORS))
 
 
 @pytest.mark.parametrize(("side_effect", "idempotent", "error"), MATRIX)
-def test_retry_matrix(side_effect: str, idempotent: bool, error: str) -> None:
+def test_retry_matrix(side_effect: SideEffect, idempotent: bool, error: str) -> None:
     retry = {"max_attempts": 2, "backoff_ms": 250}
     if side_effect in WRITE_LIKE and not idempotent:
         with pytest.raises(ToolRegistrationError, match="idempotent=True"):
@@ -111,7 +125,7 @@ def test_retry_matrix(side_effect: str, idempotent: bool, error: str) -> None:
 
 
 @pytest.mark.parametrize("side_effect", SIDE_EFFECTS)
-def test_no_retry_by_default(side_effect: str) -> None:
+def test_no_retry_by_default(side_effect: SideEffect) -> None:
     spec, handler = register(side_effect, False, "retryable")
     with pytest.raises(ToolError):
         run_with_retries(
@@ -154,14 +168,14 @@ def test_cancellation_is_terminal_and_never_retried() -> None:
     spec = registry.get("wait_forever")
     assert spec is not None
     threading.Timer(0.05, signal.abort, args=("canceled",)).start()
-    with pytest.raises(ToolCancelledError):
+    with pytest.raises(ToolCanceledError):
         run_with_retries(spec, {}, context(signal), sleep=lambda _s: None, on_retry=lambda *_: None)
     assert calls == [1]
 
 
 def test_a_success_after_a_retry_reports_its_attempts() -> None:
     registry = ToolRegistry()
-    outcomes = iter([RetryableToolError("flaky"), "ok"])
+    outcomes: Iterator[Exception | str] = iter([RetryableToolError("flaky"), "ok"])
 
     @tool(side_effect="none", retry={"max_attempts": 1}, into=registry)
     def flaky() -> str:

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ConfigurationError, ProviderError
 from tracon_jobs.providers.base import Message, ModelRequest
 from tracon_jobs.providers.registry import ProviderRegistry, build_provider
 from tracon_jobs.providers.scripted import ScriptedProvider, ScriptStep, ScriptToolCall
-from tracon_jobs.signal import AbortSignal
 
 pytestmark = pytest.mark.timeout(20)
 

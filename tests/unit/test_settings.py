@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-from tracon_jobs import defaults
-from tracon_jobs.durations import MAX_TIMER, format_duration, parse_duration
 from tracon_jobs.errors import ConfigurationError
-from tracon_jobs.settings import Settings, load_settings
+from tracon_jobs.settings import Settings, defaults, load_settings
+from tracon_jobs.settings.durations import MAX_TIMER, format_duration, parse_duration
 
 # Copied verbatim from the spec ("A useful production baseline is:").
 PRODUCTION_BASELINE = """

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal, get_args, get_origin
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ToolError, ToolRegistrationError
-from tracon_jobs.signal import AbortSignal
 
 SideEffect = Literal["none", "read", "write", "destructive", "external"]
 SIDE_EFFECTS: tuple[str, ...] = get_args(SideEffect)

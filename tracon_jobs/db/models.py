@@ -100,6 +100,8 @@ class Run(Base):
     ended_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
     cancel_requested_at: Mapped[datetime | None]
+    waiting_since: Mapped[datetime | None]  # set while a person must act
+    waited_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # MaxDuration excludes it
 
 
 class RunEvent(Base):
@@ -168,3 +170,37 @@ class IdempotencyRecord(Base):
     preference_applied: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime]
     completed_at: Mapped[datetime | None]
+
+
+class Approval(Base):
+    """One tool call waiting for a person, then decided once and consumed at most once.
+
+    Keyed by the call it authorizes (run, ledger turn, the model's call id); the decision
+    and the consumption are each one conditional UPDATE, so no two processes can both win.
+    """
+
+    __tablename__ = "approvals"
+    __table_args__ = (
+        UniqueConstraint("run_id", "turn", "call_id", name="uq_approvals_run_turn_call"),
+        Index("ix_approvals_tenant_status_requested", "tenant_id", "status", "requested_at", "id"),
+        Index("ix_approvals_tenant_requested", "tenant_id", "requested_at", "id"),
+        Index("ix_approvals_status_expires", "status", "expires_at"),
+        Index("ix_approvals_run_tool_args", "run_id", "tool", "args_hash"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    turn: Mapped[int] = mapped_column(Integer)
+    call_id: Mapped[str] = mapped_column(String(200))
+    tool: Mapped[str] = mapped_column(String(200))
+    arguments: Mapped[dict[str, Any]]
+    args_hash: Mapped[str] = mapped_column(String(64))
+    execution_id: Mapped[str] = mapped_column(ID)
+    status: Mapped[str] = mapped_column(String(20))  # Pending|Approved|Rejected|Expired|Canceled
+    requested_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    decided_at: Mapped[datetime | None]
+    decided_by: Mapped[str | None] = mapped_column(String(200))
+    comment: Mapped[str | None] = mapped_column(Text)
+    consumed_at: Mapped[datetime | None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tracon_jobs.signal import AbortSignal
+from tracon_jobs.abort import AbortSignal
 
 Message = dict[str, Any]
 

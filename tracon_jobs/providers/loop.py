@@ -18,8 +18,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
-from tracon_jobs.signal import AbortSignal
 
 T = TypeVar("T")
 

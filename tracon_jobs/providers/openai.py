@@ -24,10 +24,10 @@ from openai.types.chat.chat_completion_message_tool_call import (
 )
 from openai.types.completion_usage import CompletionUsage
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ContentBlockedError, ProviderError
 from tracon_jobs.providers.base import ModelRequest, ModelResponse, ToolCall, Usage
 from tracon_jobs.providers.loop import get_loop, run_abortable
-from tracon_jobs.signal import AbortSignal
 
 # Local servers (vLLM, Ollama) ignore the key, but the SDK refuses to start without one.
 PLACEHOLDER_API_KEY = "not-needed"

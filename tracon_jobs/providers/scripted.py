@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
 from tracon_jobs.providers.base import ModelRequest, ModelResponse, ToolCall, Usage
-from tracon_jobs.signal import AbortSignal
 
 
 class ScriptToolCallLike(Protocol):

@@ -100,6 +100,10 @@ class BudgetStore(Protocol):
         self, root: str, *, released: int, tokens: int, cost: Decimal, unknown_price: bool
     ) -> None: ...
 
+    def exclude_wait(self, root: str, waited_ms: int) -> None:
+        """Time a run of the tree waited for a person does not count toward MaxDuration."""
+        ...
+
 
 class RedisBudgetStore:
     def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
@@ -138,6 +142,10 @@ class RedisBudgetStore:
     ) -> None:
         args = [-released, tokens, int(cost * NANOS), "1" if unknown_price else "0"]
         self.scripts("budget_spend", [self.key(root)], args)
+
+    def exclude_wait(self, root: str, waited_ms: int) -> None:
+        if waited_ms > 0:
+            self.scripts("budget_exclude_wait", [self.key(root)], [waited_ms])
 
 
 class MemoryBudgetStore:
@@ -187,6 +195,12 @@ class MemoryBudgetStore:
                 tree["children"],
                 elapsed,
             )
+
+    def exclude_wait(self, root: str, waited_ms: int) -> None:
+        with self._lock:
+            tree = self._trees.get(root)
+            if tree is not None:
+                tree["started"] += waited_ms
 
     def spend(
         self, root: str, *, released: int, tokens: int, cost: Decimal, unknown_price: bool

@@ -20,9 +20,9 @@ from typing import Protocol
 
 import redis
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.coordination.scripts import Scripts
 from tracon_jobs.errors import ProviderError
-from tracon_jobs.signal import AbortSignal
 
 log = logging.getLogger(__name__)
 

@@ -122,10 +122,12 @@ def seed_totals(db: Database, root: str) -> Totals:
 
 
 def _executed_ms(session: Session, run_id: str) -> int:
-    """How long a run of the chain executed; an orphan counts to its last heartbeat."""
+    """How long a run of the chain executed (its waits for a person excluded); an orphan
+    counts to its last heartbeat."""
     run = session.get(Run, run_id)
     if run is None or run.started_at is None:
         return 0
     last_sign = run.heartbeat_at if run.error_type == "orphaned" else None
     end = last_sign or run.ended_at or run.heartbeat_at or run.started_at
-    return max(int((end - run.started_at).total_seconds() * 1000), 0)
+    executed = int((end - run.started_at).total_seconds() * 1000) - (run.waited_ms or 0)
+    return max(executed, 0)

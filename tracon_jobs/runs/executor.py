@@ -19,107 +19,113 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tracon_jobs.agents.tools import ToolContext, ToolSpec
+from tracon_jobs.abort import AbortSignal
+from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
+from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
-from tracon_jobs.errors import (
-    ConfigurationError,
-    ProviderError,
-    RunCancelled,
-    RunTakenAway,
-    ToolError,
-)
+from tracon_jobs.errors import ConfigurationError, ProviderError, RunCanceled, RunTakenAway
 from tracon_jobs.pricing import price
-from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, Provider, ToolCall
-from tracon_jobs.resilience.breaker import Admission, Ticket, Transition
-from tracon_jobs.resilience.budgets import Limits
+from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, ToolCall
+from tracon_jobs.providers.registry import ProviderRegistry
+from tracon_jobs.resilience.breaker import Admission, CircuitBreaker, Ticket, Transition
+from tracon_jobs.resilience.budgets import BudgetStore, Limits
 from tracon_jobs.resilience.classify import classify
-from tracon_jobs.runs.budget import TreeBudget, open_budget
-from tracon_jobs.runs.continuation import ChainLedger, chain_ledger
-from tracon_jobs.runs.ledger import Ledger, ToolOutcome, arguments_hash
+from tracon_jobs.resilience.concurrency import Slots
+from tracon_jobs.runs.approvals import ApprovalStore
+from tracon_jobs.runs.budget import open_budget
+from tracon_jobs.runs.continuation import chain_ledger
+from tracon_jobs.runs.execution import (
+    Execution,
+    Link,
+    LinkFailed,
+    RunFailure,
+    RunWaits,
+    chain_error,
+    config_failure,
+    stopped,
+)
+from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
-from tracon_jobs.runs.live import CANCELED, TAKEN_AWAY
-from tracon_jobs.runs.retries import Sleep, run_with_retries
-from tracon_jobs.runs.store import TurnSpend
-from tracon_jobs.runs.subagents import agent_tool_schema, await_child, start_child
-from tracon_jobs.signal import AbortSignal
-
-if TYPE_CHECKING:
-    from tracon_jobs.runtime import Runtime
-    from tracon_jobs.settings import AgentSettings
+from tracon_jobs.runs.live import CANCELED, LiveRuns
+from tracon_jobs.runs.retries import Sleep
+from tracon_jobs.runs.store import RunStore, TurnSpend
+from tracon_jobs.runs.subagents import SubAgents, agent_tool_schema
+from tracon_jobs.runs.toolcalls import ToolCalls, WaitingForPerson, unanswered_calls
+from tracon_jobs.settings import AgentSettings, Settings
 
 log = logging.getLogger(__name__)
 
 
-class RunFailure(Exception):
-    """Ends the run `Failed` with a typed error."""
-
-    def __init__(self, error: RunError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
 @dataclass(frozen=True)
-class Link:
-    position: int
-    provider_name: str
-    model: str
-    provider: Provider
+class Resilience:
+    """The cluster-wide guards around a model call: circuit, slots, tree budgets."""
 
-    def label(self) -> dict[str, str]:
-        return {"provider": self.provider_name, "model": self.model}
-
-
-class LinkFailed(Exception):
-    """A provider failure ended one link's loop."""
-
-    def __init__(self, error: ProviderError, transient: bool) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.transient = transient
-
-
-@dataclass
-class Execution:
-    """What one execution of a claimed run carries from step to step."""
-
-    claim: Claim
-    run: Run
-    agent: AgentSettings
-    tools: dict[str, ToolSpec]
-    signal: AbortSignal
-    first_call: int  # ledger numbering continues after earlier executions of this row
-    next_call: int = 0
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    chain: ChainLedger = field(default_factory=ChainLedger)  # what a continued run recorded
-    budget: TreeBudget | None = None
-    link_first_call: int = 0  # the first ledger turn of the current fallback link
-    answered: set[str] = field(default_factory=set)  # executions the ledger already answered
+    breaker: CircuitBreaker
+    slots: Slots
+    budgets: BudgetStore
 
 
 class RunExecutor:
-    def __init__(self, runtime: Runtime, sleep: Sleep | None = None) -> None:
-        self.rt = runtime
-        self.ledger = Ledger(runtime.runs)
-        self.sleep = sleep  # retry backoff; tests pass one that records instead of waiting
+    """Claims a queued run and drives its tool-call loop to one fenced final write."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        runs: RunStore,
+        db: Database,
+        tools: ToolRegistry,
+        providers: ProviderRegistry,
+        guards: Resilience,
+        live_runs: LiveRuns,
+        children: SubAgents,
+        approvals: ApprovalStore,
+        *,
+        owner_id: str,
+        draining: threading.Event,
+        sleep: Sleep | None = None,
+    ) -> None:
+        self.settings = settings
+        self.runs = runs
+        self.db = db
+        self.tools = tools
+        self.providers = providers
+        self.breaker = guards.breaker
+        self.slots = guards.slots
+        self.budgets = guards.budgets
+        self.live_runs = live_runs
+        self.owner_id = owner_id
+        self.draining = draining  # set once a graceful stop began: claim nothing new
+        self.ledger = Ledger(runs)
+        self.approvals = approvals
+        self.tool_calls = ToolCalls(
+            runs,
+            self.ledger,
+            approvals,
+            children,
+            self.execute,
+            currency=settings.pricing.currency,
+            concurrent=settings.tool_loop.allow_concurrent_tool_calls,
+            sleep=sleep,
+        )
 
     def execute(self, run_id: str) -> str:
         """Claim and run `run_id`; what happened, for logs and tests."""
-        if self.rt.draining.is_set():  # left Queued: the requeue scan sends it elsewhere
+        if self.draining.is_set():  # left Queued: the requeue scan sends it elsewhere
             log.info("draining: run %s not claimed", run_id)
             return "draining"
-        claimed = self.rt.runs.claim_and_load(run_id, self.rt.owner_id)
+        claimed = self.runs.claim_and_load(run_id, self.owner_id)
         if claimed is None:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
             return "dropped"
         claim, run = claimed
         signal = AbortSignal()
-        self.rt.live_runs.register(claim, signal)
+        self.live_runs.register(claim, signal)
         if run.cancel_requested_at is not None:  # canceled between its claim and now
             signal.abort(CANCELED)
         try:
@@ -128,16 +134,18 @@ class RunExecutor:
             log.warning("run %s was taken away from fence %s; stopping", run_id, claim.fence)
             return "taken_away"
         finally:
-            self.rt.live_runs.unregister(run_id)
+            self.live_runs.unregister(run_id)
 
     def _run_to_end(self, claim: Claim, run: Run, signal: AbortSignal) -> RunStatus:
         execution: Execution | None = None
         try:
             execution = self._prepare(claim, run, signal)
             output = self._tool_loop(execution)
+        except RunWaits:  # saved `Waiting` already: no final write, the thread is free
+            return RunStatus.WAITING
         except RunFailure as failure:
             return self._finish(claim, RunStatus.FAILED, execution, error=failure.error)
-        except RunCancelled as cancelled:
+        except RunCanceled as cancelled:
             error = RunError("canceled", ErrorClass.CANCELLATION, str(cancelled) or "canceled")
             return self._finish(claim, RunStatus.CANCELED, execution, error=error)
         except (RunTakenAway, KeyboardInterrupt, SystemExit):
@@ -158,7 +166,7 @@ class RunExecutor:
         error: RunError | None = None,
     ) -> RunStatus:
         attempts = execution.attempts if execution and execution.attempts else None
-        closed = self.rt.runs.finish(claim, status, output=output, error=error, attempts=attempts)
+        closed = self.runs.finish(claim, status, output=output, error=error, attempts=attempts)
         if closed is None:
             raise RunTakenAway(claim.run_id)
         return status
@@ -166,16 +174,14 @@ class RunExecutor:
     # -- preparation -------------------------------------------------------------------
 
     def _prepare(self, claim: Claim, run: Run, signal: AbortSignal) -> Execution:
-        agent = self.rt.settings.agents.get(run.agent)
+        agent = self.settings.agents.get(run.agent)
         if agent is None:
-            raise _config_failure(f"agent '{run.agent}' is not configured")
+            raise config_failure(f"agent '{run.agent}' is not configured")
         tools = self._resolve_tools(agent)
         first_call = 0 if claim.fence == 1 else self.ledger.next_turn(run.id)
-        chain = chain_ledger(self.rt, run)
-        limits = Limits.from_settings(self.rt.settings.agent_graph)
-        budget = open_budget(
-            self.rt.budgets, self.rt.db, limits, run, self.rt.settings.pricing.currency
-        )
+        chain = chain_ledger(self.db, run)
+        limits = Limits.from_settings(self.settings.agent_graph)
+        budget = open_budget(self.budgets, self.db, limits, run, self.settings.pricing.currency)
         return Execution(
             claim, run, agent, tools, signal, first_call, first_call, chain=chain, budget=budget
         )
@@ -183,17 +189,17 @@ class RunExecutor:
     def _resolve_tools(self, agent: AgentSettings) -> dict[str, ToolSpec]:
         tools: dict[str, ToolSpec] = {}
         for name in agent.tools:
-            spec = self.rt.tools.get(name)
+            spec = self.tools.get(name)
             if spec is None:
-                raise _config_failure(f"tool '{name}' is not registered (check ToolModules)")
+                raise config_failure(f"tool '{name}' is not registered (check ToolModules)")
             tools[name] = spec
         return tools
 
     def _link(self, position: int, provider_name: str, model: str) -> Link:
         try:
-            provider = self.rt.providers.get(provider_name)
+            provider = self.providers.get(provider_name)
         except (ProviderError, ConfigurationError) as exc:
-            raise _config_failure(str(exc)) from exc
+            raise config_failure(str(exc)) from exc
         return Link(position, provider_name, model, provider)
 
     # -- the fallback chain ------------------------------------------------------------
@@ -224,14 +230,14 @@ class RunExecutor:
             fallback.provider_name,
             reason,
         )
-        self.rt.runs.append(ex.claim, "ModelFallbackUsed", data)
+        self.runs.append(ex.claim, "ModelFallbackUsed", data)
 
     def _link_loop(self, ex: Execution, link: Link) -> dict[str, Any]:
         """One link's whole tool-call loop, under one circuit admission."""
         started = time.monotonic()
         ex.link_first_call = ex.next_call
         try:
-            ticket = self.rt.breaker.admit(link.provider_name)
+            ticket = self.breaker.admit(link.provider_name)
         except ProviderError as exc:  # the circuit is open: the provider is never called
             self._attempt_log(ex, link, started, exc, rejected=True)
             raise LinkFailed(exc, transient=True) from exc
@@ -242,7 +248,7 @@ class RunExecutor:
             self._attempt_log(ex, link, started, failed.error)
             raise
         finally:
-            self.rt.breaker.release(ticket)
+            self.breaker.release(ticket)
         self._attempt_log(ex, link, started, None)
         return output
 
@@ -273,36 +279,60 @@ class RunExecutor:
         data: dict[str, Any] = {"provider": provider, "from": change.before, "to": change.after}
         if isinstance(change, Transition) and change.after == "open":
             data["failures"] = change.failures
-        self.rt.runs.append(ex.claim, "CircuitStateChanged", data)
+        self.runs.append(ex.claim, "CircuitStateChanged", data)
 
     # -- one link's conversation -------------------------------------------------------
 
     def _conversation(self, ex: Execution, link: Link, ticket: Ticket) -> dict[str, Any]:
         messages: list[Message] = list(ex.run.messages or initial_messages(ex.agent, ex.run))
         index = ex.run.turns_completed
-        while index < self.rt.settings.runs.max_turns:
-            self._check_live(ex)
+        waited_in = unanswered_calls(messages)
+        if waited_in:  # back from waiting for a person: finish that turn first
+            call_no = self.approvals.pending_turn(ex.run.id)
+            assert call_no is not None, "a run waits in a turn that asked for approval"
+            ex.next_call = max(ex.next_call, call_no + 1)
+            ex.ensure_live()
+            messages.extend(self._answer_turn(ex, link, call_no, waited_in, messages, index))
+            index += 1
+            self.runs.save_turn(ex.claim, messages, index)
+        while index < self.settings.runs.max_turns:
+            ex.ensure_live()
             response = self._model_call(ex, link, ticket, messages, index)
             if not response.tool_calls:
                 return {"text": response.text or ""}
             messages.append(response.as_message())
             call_no = ex.next_call
             ex.next_call += 1
-            messages.extend(self._tool_calls(ex, link, call_no, response.tool_calls))
+            messages.extend(
+                self._answer_turn(ex, link, call_no, response.tool_calls, messages, index)
+            )
             index += 1
-            self.rt.runs.save_turn(ex.claim, messages, index)
+            self.runs.save_turn(ex.claim, messages, index)
         raise RunFailure(
             RunError(
                 "max_turns_exceeded",
                 ErrorClass.QUOTA_EXCEEDED,
-                f"the run used all {self.rt.settings.runs.max_turns} model turns "
+                f"the run used all {self.settings.runs.max_turns} model turns "
                 "(raise Tracon:Runs:MaxTurns)",
             )
         )
 
-    def _check_live(self, ex: Execution) -> None:
-        if ex.signal.aborted:
-            raise stopped(ex.signal)
+    def _answer_turn(
+        self,
+        ex: Execution,
+        link: Link,
+        call_no: int,
+        calls: list[ToolCall],
+        messages: list[Message],
+        index: int,
+    ) -> list[Message]:
+        """The turn's tool results; or the run saved `Waiting` for a person, and stopped."""
+        try:
+            return self.tool_calls.answer_turn(ex, link, call_no, calls)
+        except WaitingForPerson as waiting:
+            ids = self.approvals.wait_for(ex.claim, waiting.requests, messages, index)
+            log.info("run %s waits for approvals %s", ex.claim.run_id, ", ".join(ids))
+            raise RunWaits(ids) from None
 
     def _model_call(
         self, ex: Execution, link: Link, ticket: Ticket, messages: list[Message], index: int
@@ -319,24 +349,20 @@ class RunExecutor:
             response_format=binding.response_format,
         )
         reserved = self._budget_for_model_call(ex, messages)
-        self.rt.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
+        self.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
         try:
-            with self.rt.slots.hold(link.provider_name, ex.signal):
+            with self.slots.hold(link.provider_name, ex.signal):
                 response = link.provider.complete(request, ex.signal)
         except ProviderError as exc:
-            self._budget(ex).spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
+            ex.tree_budget().spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
             raise self._model_call_failed(ex, link, ticket, exc) from exc
-        self._report_circuit(ex, link.provider_name, self.rt.breaker.success(ticket))
+        self._report_circuit(ex, link.provider_name, self.breaker.success(ticket))
         self._record_spend(ex, link, response, index, reserved)
         return response
 
-    def _budget(self, ex: Execution) -> TreeBudget:
-        assert ex.budget is not None
-        return ex.budget
-
     def _budget_for_model_call(self, ex: Execution, messages: list[Message]) -> int:
         """Refuse the call when the tree is spent; else the tokens reserved for it."""
-        refusal, reserved = self._budget(ex).refuse_model_call(
+        refusal, reserved = ex.tree_budget().refuse_model_call(
             messages, ex.agent.model.max_output_tokens
         )
         if refusal is not None:
@@ -356,17 +382,17 @@ class RunExecutor:
             "message": str(exc),
             "counted": verdict.counts,
         }
-        self.rt.runs.append(ex.claim, "ModelCallFailed", data)
+        self.runs.append(ex.claim, "ModelCallFailed", data)
         if verdict.counts:
-            change = self.rt.breaker.failure(ticket, exc.retry_after)
+            change = self.breaker.failure(ticket, exc.retry_after)
             self._report_circuit(ex, link.provider_name, change)
         return LinkFailed(exc, verdict.transient)
 
     def _record_spend(
         self, ex: Execution, link: Link, response: ModelResponse, index: int, reserved: int
     ) -> None:
-        amount, source = price(self.rt.settings.pricing, response.model, response.usage)
-        self._budget(ex).spent(
+        amount, source = price(self.settings.pricing, response.model, response.usage)
+        ex.tree_budget().spent(
             released=reserved,
             tokens=response.usage.total_tokens,
             cost=amount,
@@ -391,207 +417,7 @@ class RunExecutor:
             },
             "cost": {"amount": float(amount), "source": source},
         }
-        self.rt.runs.record_spend(ex.claim, spend, data)
-
-    # -- tool calls --------------------------------------------------------------------
-
-    def _tool_calls(
-        self, ex: Execution, link: Link, call_no: int, calls: list[ToolCall]
-    ) -> list[Message]:
-        """The turn's calls in order, or started together with `AllowConcurrentToolCalls`
-        (then every call passes the budget gate before any reports, as the spec warns)."""
-        if not self.rt.settings.tool_loop.allow_concurrent_tool_calls or len(calls) < 2:
-            results = []
-            for call in calls:
-                self._check_live(ex)
-                results.append(self._tool_call(ex, link, call_no, call))
-            return results
-        self._check_live(ex)
-        with ThreadPoolExecutor(len(calls), thread_name_prefix="tool-call") as pool:
-            return list(pool.map(lambda call: self._tool_call(ex, link, call_no, call), calls))
-
-    def _tool_call(self, ex: Execution, link: Link, call_no: int, call: ToolCall) -> Message:
-        arguments, parse_error = parse_arguments(call.arguments)
-        spec = ex.tools.get(call.name)
-        outcome = None
-        if spec is None and call.name in ex.agent.sub_agents:
-            outcome = self._call_agent(ex, call_no, call, arguments, parse_error)
-            return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
-        if parse_error is None and spec is not None:
-            outcome = self._answer_from_chain(ex, call, arguments)
-        if outcome is None and link.position > 0 and parse_error is None and spec is not None:
-            outcome = self._answer_from_ledger(ex, call, arguments)
-        if outcome is None and spec is not None and parse_error is None:
-            outcome = self._refused_by_budget(ex, call_no, call, arguments)
-        if outcome is None:
-            outcome = self._execute_tool(ex, call_no, call, spec, arguments, parse_error)
-        return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
-
-    def _call_agent(
-        self,
-        ex: Execution,
-        call_no: int,
-        call: ToolCall,
-        arguments: dict[str, Any],
-        parse_error: str | None,
-    ) -> ToolOutcome:
-        """A child run of the tree; a refused child is the tool's error, the parent goes on."""
-        ledger_name = f"agent:{call.name}"
-        message = arguments.get("message")
-        refusal = self._budget(ex).refuse_child(ex.run.depth + 1)
-        if parse_error or not isinstance(message, str) or refusal:
-            outcome = ToolOutcome(
-                ok=False,
-                error_code="CHILD_REFUSED" if refusal else "INVALID_ARGUMENTS",
-                error_message=refusal or parse_error or "message: a string is required",
-                attempts=0,
-            )
-            self.ledger.refuse(ex.claim, call_no, call.id, ledger_name, arguments, outcome)
-            return outcome
-        entry = self.ledger.start(ex.claim, call_no, call.id, ledger_name, arguments)
-        child_id = start_child(self.rt, ex.run, call.name, message)
-        outcome = await_child(self.rt, child_id, ex.signal)
-        self.ledger.finish(ex.claim, entry, ledger_name, outcome)
-        return outcome
-
-    def _refused_by_budget(
-        self, ex: Execution, call_no: int, call: ToolCall, arguments: dict[str, Any]
-    ) -> ToolOutcome | None:
-        """A spent tree does not start a tool: nothing would read its result."""
-        refusal = self._budget(ex).refuse_tool_call()
-        if refusal is None:
-            return None
-        outcome = ToolOutcome(
-            ok=False,
-            error_code="BUDGET_EXCEEDED",
-            attempts=0,
-            error_message=f"{refusal}. The tool call did not start.",
-        )
-        self.ledger.refuse(ex.claim, call_no, call.id, call.name, arguments, outcome)
-        return outcome
-
-    def _report_usage(
-        self, ex: Execution, spec: ToolSpec, amount: Decimal | float, currency: str
-    ) -> None:
-        """Spend a tool reports beyond tokens; only the pricing currency can count."""
-        value = Decimal(str(amount))
-        counted = currency == self.rt.settings.pricing.currency and value > 0
-        data = {"tool": spec.name, "amount": float(value), "currency": currency, "counted": counted}
-        if not counted:
-            self.rt.runs.append(ex.claim, "UsageReported", data)
-            return
-        self._budget(ex).spent(released=0, tokens=0, cost=value, unknown=False)
-        self.rt.runs.add_cost(ex.claim, value, data)
-
-    def _answer_from_chain(
-        self, ex: Execution, call: ToolCall, arguments: dict[str, Any]
-    ) -> ToolOutcome | None:
-        """In a continuation, a call the interrupted chain completed is answered, not rerun."""
-        found = ex.chain.answer((call.name, arguments_hash(arguments)))
-        if found is None:
-            return None
-        execution_id, outcome = found
-        data = {
-            "tool": call.name,
-            "callId": call.id,
-            "executionId": execution_id,
-            "source": "continuation",
-            "continuedFromRunId": ex.run.continued_from_run_id,
-        }
-        self.rt.runs.append(ex.claim, "ToolCallAnsweredFromLedger", data)
-        return outcome
-
-    def _answer_from_ledger(
-        self, ex: Execution, call: ToolCall, arguments: dict[str, Any]
-    ) -> ToolOutcome | None:
-        """On a fallback link, a call an earlier link of this turn completed is not rerun.
-
-        Only calls of the earlier links count (a repeat within one link is a new execution),
-        and each of their executions answers at most once.
-        """
-        found = self.ledger.completed(
-            ex.claim.run_id,
-            call.name,
-            arguments_hash(arguments),
-            turns=(ex.first_call, ex.link_first_call),
-            exclude=frozenset(ex.answered),
-        )
-        if found is None:
-            return None
-        execution_id, outcome = found
-        ex.answered.add(execution_id)
-        self.rt.runs.append(
-            ex.claim,
-            "ToolCallAnsweredFromLedger",
-            {"tool": call.name, "callId": call.id, "executionId": execution_id},
-        )
-        return outcome
-
-    def _execute_tool(
-        self,
-        ex: Execution,
-        call_no: int,
-        call: ToolCall,
-        spec: ToolSpec | None,
-        arguments: dict[str, Any],
-        parse_error: str | None,
-    ) -> ToolOutcome:
-        reused_key = ex.chain.key_for((call.name, arguments_hash(arguments)))
-        entry = self.ledger.start(ex.claim, call_no, call.id, call.name, arguments, reused_key)
-        if parse_error is not None or spec is None:
-            outcome = ToolOutcome(
-                ok=False,
-                error_code="INVALID_ARGUMENTS" if spec else "UNKNOWN_TOOL",
-                error_message=parse_error or f"no tool named '{call.name}' is available",
-            )
-        else:
-            outcome = self._attempt(ex, spec, arguments, entry.execution_id, entry.idempotency_key)
-        self.ledger.finish(ex.claim, entry, call.name, outcome)
-        return outcome
-
-    def _attempt(
-        self,
-        ex: Execution,
-        spec: ToolSpec,
-        arguments: dict[str, Any],
-        execution_id: str,
-        key: str,
-    ) -> ToolOutcome:
-        context = ToolContext(
-            run_id=ex.claim.run_id,
-            tool_name=spec.name,
-            execution_id=execution_id,
-            idempotency_key=key,
-            attempt=1,
-            signal=ex.signal,
-            report_usage=lambda amount, currency: self._report_usage(ex, spec, amount, currency),
-        )
-
-        def announce_retry(attempt: int, error: ToolError) -> None:
-            data = {
-                "tool": spec.name,
-                "executionId": execution_id,
-                "attempt": attempt,
-                "previousError": error.code,
-            }
-            self.rt.runs.append(ex.claim, "CapabilityRetried", data)
-
-        try:
-            done = run_with_retries(
-                spec, arguments, context, on_retry=announce_retry, sleep=self.sleep
-            )
-        except ToolError as exc:
-            return ToolOutcome(
-                ok=False, error_code=exc.code, error_message=str(exc), attempts=exc.attempts
-            )
-        return ToolOutcome(ok=True, result=done.result, attempts=done.attempts)
-
-
-def stopped(signal: AbortSignal) -> RunCancelled | RunTakenAway:
-    """Why an aborted run stops: a cancel request, or another owner took the run."""
-    if signal.reason == TAKEN_AWAY:
-        return RunTakenAway("the run was taken away from this process")
-    return RunCancelled("the run was canceled" if signal.reason == CANCELED else signal.reason)
+        self.runs.record_spend(ex.claim, spend, data)
 
 
 def initial_messages(agent: AgentSettings, run: Run) -> list[Message]:
@@ -606,38 +432,3 @@ def initial_messages(agent: AgentSettings, run: Run) -> list[Message]:
         return messages + history
     messages.append({"role": "user", "content": str(run.input.get("message", ""))})
     return messages
-
-
-def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
-    try:
-        value = json.loads(raw or "{}")
-    except json.JSONDecodeError as exc:
-        return {"_raw": raw}, f"arguments are not valid JSON: {exc}"
-    if not isinstance(value, dict):
-        return {"_raw": raw}, "arguments must be a JSON object"
-    return value, None
-
-
-_ERROR_TYPES = {
-    "configuration": ("configuration_error", ErrorClass.CONFIGURATION),
-    "unavailable": ("provider_unavailable", ErrorClass.PROVIDER),
-    "content_blocked": ("content_blocked", ErrorClass.PROVIDER),
-}
-
-
-def provider_error(exc: ProviderError, message: str | None = None) -> RunError:
-    type_, error_class = _ERROR_TYPES.get(exc.kind, ("provider_error", ErrorClass.PROVIDER))
-    return RunError(type_, error_class, message or str(exc), retry_after=exc.retry_after)
-
-
-def chain_error(failures: list[tuple[Link, ProviderError]]) -> RunError:
-    """The first failure, its message naming every provider the chain tried."""
-    first = failures[0][1]
-    if len(failures) == 1:
-        return provider_error(first)
-    tried = ", ".join(f"{link.provider_name} ({link.model})" for link, _error in failures)
-    return provider_error(first, f"{first} (providers tried: {tried})")
-
-
-def _config_failure(message: str) -> RunFailure:
-    return RunFailure(RunError("configuration_error", ErrorClass.CONFIGURATION, message))

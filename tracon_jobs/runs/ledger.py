@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
 
 from tracon_jobs.db.models import ToolCallRecord
 from tracon_jobs.runs.lifecycle import Claim
@@ -47,7 +49,14 @@ class ToolOutcome:
         return json.dumps({"error": {"code": self.error_code, "message": self.error_message}})
 
 
+class ApprovalUsed(Exception):
+    """The approval a start consumes was used already: nothing was written, the body must
+    not run."""
+
+
 class Ledger:
+    """The tool-call ledger of runs: what started, what it returned, and what may answer."""
+
     def __init__(self, store: RunStore) -> None:
         self.store = store
 
@@ -59,12 +68,21 @@ class Ledger:
         tool: str,
         arguments: dict[str, Any],
         idempotency_key: str | None = None,
+        *,
+        execution_id: str | None = None,
+        consume: Callable[[Session], bool] | None = None,
     ) -> LedgerEntry:
-        """A new execution; a call re-run after an unknown outcome keeps its old key."""
-        execution_id = str(uuid.uuid4())
+        """A new execution; a call re-run after an unknown outcome keeps its old key.
+
+        `consume` (an approval's one-time use) runs in the same transaction: when it says
+        no, nothing is written and `ApprovalUsed` is raised, so the body never runs.
+        """
+        execution_id = execution_id or str(uuid.uuid4())
         key = idempotency_key or f"tj-{execution_id}"
         db = self.store.db
         with db.write() as session:
+            if consume is not None and not consume(session):
+                raise ApprovalUsed(f"the approval of {tool} was already used")
             event = self.store.append_in(
                 session,
                 claim,

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.coordination.cancellation import CancelBus
 from tracon_jobs.runs.lifecycle import Claim
 from tracon_jobs.runs.store import RunStore
-from tracon_jobs.signal import AbortSignal
 
 log = logging.getLogger(__name__)
 

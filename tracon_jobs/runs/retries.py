@@ -16,10 +16,10 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import WRITE_LIKE, ToolContext, ToolSpec
-from tracon_jobs.errors import ToolCancelledError, ToolError
+from tracon_jobs.errors import ToolCanceledError, ToolError
 from tracon_jobs.runs.toolrunner import run_attempt
-from tracon_jobs.signal import AbortSignal
 
 Sleep = Callable[[float], None]
 OnRetry = Callable[[int, ToolError], None]  # (the attempt about to start, the last error)
@@ -92,7 +92,7 @@ def _with(context: ToolContext, attempt: int, signal: AbortSignal) -> ToolContex
 def _interruptible(signal: AbortSignal) -> Sleep:
     def sleep(seconds: float) -> None:
         if signal.wait(seconds):
-            raise ToolCancelledError(f"cancelled during retry backoff ({signal.reason})")
+            raise ToolCanceledError(f"cancelled during retry backoff ({signal.reason})")
 
     return sleep
 

@@ -219,6 +219,7 @@ class RunStore:
             fence=0,
             event_seq=1,
             enqueue_count=1,
+            waited_ms=0,
         )
         with self.db.write() as session:
             now = session.execute(_CREATE, {**row, **self.db.clock_params()}).scalar_one()
@@ -478,6 +479,11 @@ class RunStore:
             self._close(run_id, RunStatus.QUEUED, None, RunStatus.CANCELED, error=error) is not None
         )
 
+    def close_waiting(self, run_id: str, error: RunError) -> bool:
+        """Close a run that waits for a person; it holds no worker, so nothing else stops."""
+        closed = self._close(run_id, RunStatus.WAITING, None, RunStatus.CANCELED, error=error)
+        return closed is not None
+
     def subtree(self, run: Run) -> list[Run]:
         """The run and all its descendants, by parent links (breadth first)."""
         found, frontier = [run], [run.id]
@@ -559,6 +565,53 @@ class RunStore:
         )
         with self.db.read() as session:
             return list(session.scalars(query))
+
+    def statistics(self, tenant_id: str, agent: str | None = None) -> RunStatistics:
+        """A tenant's runs (of one agent when named) counted per status, and their runs,
+        tokens and cost per model that answered, ordered by model."""
+        filters = [Run.tenant_id == tenant_id]
+        if agent:
+            filters.append(Run.agent == agent)
+        by_status = select(Run.status, func.count()).where(*filters).group_by(Run.status)
+        by_model = (
+            select(
+                Run.model_id,
+                func.count(),
+                func.sum(Run.input_tokens),
+                func.sum(Run.output_tokens),
+                func.sum(Run.cost_amount),
+            )
+            .where(*filters)
+            .group_by(Run.model_id)
+            .order_by(Run.model_id)
+        )
+        with self.db.read() as session:
+            statuses = {status: count for status, count in session.execute(by_status)}
+            rows = session.execute(by_model).all()
+        return RunStatistics(
+            statuses,
+            [
+                ModelUsage(model, runs, int(inputs or 0), int(outputs or 0), float(cost or 0))
+                for model, runs, inputs, outputs, cost in rows
+            ],
+        )
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    """The runs of one model (None: runs that never got an answer) and what they used."""
+
+    model: str | None
+    runs: int
+    input_tokens: int
+    output_tokens: int
+    cost: float
+
+
+@dataclass(frozen=True)
+class RunStatistics:
+    by_status: dict[str, int]
+    by_model: list[ModelUsage]
 
 
 def _detached_run(values: dict[str, Any]) -> Run:

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+from tracon_jobs.abort import AbortSignal
+from tracon_jobs.coordination.cancellation import CancelBus
+from tracon_jobs.coordination.event_feed import EventFeed
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
+from tracon_jobs.runs.approvals import ApprovalStore
 from tracon_jobs.runs.cancel import cancel_tree
+from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.ledger import ToolOutcome
 from tracon_jobs.runs.lifecycle import RunStatus
-from tracon_jobs.runs.store import NewRun
-from tracon_jobs.signal import AbortSignal
-
-if TYPE_CHECKING:
-    from tracon_jobs.runtime import Runtime
+from tracon_jobs.runs.store import NewRun, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -47,40 +49,73 @@ def agent_tool_schema(name: str) -> dict[str, Any]:
     }
 
 
-def start_child(runtime: Runtime, parent: Run, agent: str, message: str) -> str:
-    """Write the child row, then try to send it; a broker that refuses is not fatal."""
-    child = runtime.runs.create(
-        NewRun(
-            tenant_id=parent.tenant_id,
-            agent=agent,
-            input={"message": message},
-            session_id=parent.session_id,
-            parent_run_id=parent.id,
-            root_run_id=parent.root_run_id,
-            depth=parent.depth + 1,
-            currency=parent.cost_currency,
+class SubAgents:
+    """Starts the child runs of a tree and waits for their answers without starving them."""
+
+    def __init__(
+        self,
+        runs: RunStore,
+        feed: EventFeed,
+        dispatcher: RunDispatcher,
+        cancel_bus: CancelBus,
+        approvals: ApprovalStore,
+    ) -> None:
+        self.runs = runs
+        self.approvals = approvals
+        self.feed = feed
+        self.dispatcher = dispatcher
+        self.cancel_bus = cancel_bus
+
+    def start(self, parent: Run, agent: str, message: str) -> str:
+        """Write the child row, then try to send it; a broker that refuses is not fatal."""
+        child = self.runs.create(
+            NewRun(
+                tenant_id=parent.tenant_id,
+                agent=agent,
+                input={"message": message},
+                session_id=parent.session_id,
+                parent_run_id=parent.id,
+                root_run_id=parent.root_run_id,
+                depth=parent.depth + 1,
+                currency=parent.cost_currency,
+            )
         )
-    )
-    try:
-        runtime.dispatcher.send(child.id)
-    except EnqueueError as exc:
-        log.warning("child %s not sent (%s); the parent runs it", child.id, exc)
-    return child.id
+        try:
+            self.dispatcher.send(child.id)
+        except EnqueueError as exc:
+            log.warning("child %s not sent (%s); the parent runs it", child.id, exc)
+        return child.id
 
+    def answer(
+        self, child_id: str, signal: AbortSignal, run_inline: Callable[[str], object]
+    ) -> ToolOutcome:
+        """The child's answer as the tool's outcome; `run_inline` runs it if nobody claimed it."""
+        claimed = self._wait(child_id, signal, lambda run: run.status != "Queued", CHILD_CLAIM_WAIT)
+        if not claimed and not signal.aborted:
+            run_inline(child_id)  # dropped if a worker claimed it meanwhile
+        self._wait(child_id, signal, lambda run: RunStatus(run.status).is_terminal, None)
+        child = self.runs.get(child_id)
+        assert child is not None
+        if signal.aborted and not RunStatus(child.status).is_terminal:
+            cancel_tree(self.runs, self.cancel_bus, self.approvals, child)
+            return ToolOutcome(ok=False, error_code="CANCELLED", error_message="parent canceled")
+        return child_outcome(child)
 
-def await_child(runtime: Runtime, child_id: str, signal: AbortSignal) -> ToolOutcome:
-    """The child's answer as the tool's outcome; runs it inline if nobody claimed it."""
-    if _wait(runtime, child_id, signal, lambda run: run.status != "Queued", CHILD_CLAIM_WAIT):
-        pass
-    elif not signal.aborted:
-        runtime.executor.execute(child_id)  # dropped if a worker claimed it meanwhile
-    _wait(runtime, child_id, signal, lambda run: RunStatus(run.status).is_terminal, None)
-    child = runtime.runs.get(child_id)
-    assert child is not None
-    if signal.aborted and not RunStatus(child.status).is_terminal:
-        cancel_tree(runtime, child)
-        return ToolOutcome(ok=False, error_code="CANCELLED", error_message="parent canceled")
-    return child_outcome(child)
+    def _wait(
+        self, run_id: str, signal: AbortSignal, done: Callable[[Run], bool], timeout: float | None
+    ) -> bool:
+        """Until `done(run)`, the signal fires, or `timeout` passes; whether `done` held."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not signal.aborted:
+            position = self.feed.position(run_id)
+            run = self.runs.get(run_id)
+            if run is not None and done(run):
+                return True
+            remaining = POLL if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.feed.wait(run_id, position, min(POLL, remaining))
+        return False
 
 
 def child_outcome(child: Run) -> ToolOutcome:
@@ -92,20 +127,3 @@ def child_outcome(child: Run) -> ToolOutcome:
         error_message=f"agent '{child.agent}' run {child.id} ended {child.status}: "
         f"{child.error_message or ''}".rstrip(": "),
     )
-
-
-def _wait(
-    runtime: Runtime, run_id: str, signal: AbortSignal, done: Any, timeout: float | None
-) -> bool:
-    """Until `done(run)`, the signal fires, or `timeout` passes; whether `done` held."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not signal.aborted:
-        position = runtime.feed.position(run_id)
-        run = runtime.runs.get(run_id)
-        if run is not None and done(run):
-            return True
-        remaining = POLL if deadline is None else deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        runtime.feed.wait(run_id, position, min(POLL, remaining))
-    return False

@@ -12,10 +12,10 @@ import concurrent.futures
 import threading
 from typing import Any
 
+from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolContext, ToolSpec
-from tracon_jobs.errors import ToolCancelledError, ToolError, ToolTimeoutError
+from tracon_jobs.errors import ToolCanceledError, ToolError, ToolTimeoutError
 from tracon_jobs.providers.loop import get_loop
-from tracon_jobs.signal import AbortSignal
 
 _sync_pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tool")
 
@@ -51,7 +51,7 @@ def _submit(
 def _abort_error(spec: ToolSpec, signal: AbortSignal) -> ToolError:
     if signal.reason == "timeout":
         return ToolTimeoutError(f"tool '{spec.name}' timed out after {spec.timeout_ms} ms")
-    return ToolCancelledError(f"tool '{spec.name}' was cancelled ({signal.reason})")
+    return ToolCanceledError(f"tool '{spec.name}' was cancelled ({signal.reason})")
 
 
 def _result(spec: ToolSpec, future: concurrent.futures.Future[Any]) -> Any:
@@ -60,7 +60,7 @@ def _result(spec: ToolSpec, future: concurrent.futures.Future[Any]) -> Any:
     except ToolError:
         raise
     except (concurrent.futures.CancelledError, asyncio.CancelledError) as exc:
-        raise ToolCancelledError(f"tool '{spec.name}' was cancelled") from exc
+        raise ToolCanceledError(f"tool '{spec.name}' was cancelled") from exc
     except TypeError as exc:
         raise ToolError(
             f"tool '{spec.name}' rejected its arguments: {exc}", code="INVALID_ARGUMENTS"

@@ -8,7 +8,9 @@ from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import iso
 
 
-def run_json(run: Run, tenant_name: str | None = None) -> dict[str, Any]:
+def run_json(
+    run: Run, tenant_name: str | None = None, pending_approvals: list[str] | None = None
+) -> dict[str, Any]:
     error: dict[str, Any] | None = None
     if run.error_type:
         error = {"type": run.error_type, "class": run.error_class, "message": run.error_message}
@@ -46,4 +48,5 @@ def run_json(run: Run, tenant_name: str | None = None) -> dict[str, Any]:
         "endedAt": iso(run.ended_at),
         "heartbeatAt": iso(run.heartbeat_at),
         "cancelRequestedAt": iso(run.cancel_requested_at),
+        "pendingApprovals": pending_approvals or [],
     }

@@ -1,8 +1,8 @@
-"""Durations as the seed writes them: .NET TimeSpan strings or plain seconds.
+"""Reading and writing configuration durations: .NET TimeSpan text or a number of seconds.
 
-The spec's configuration comes from a .NET product, so operators copy values like
-`"00:00:30"` or `"1.02:03:04.5"` from its documentation; environment variables and quick
-edits are easier as a number of seconds. Both forms parse to a `timedelta`.
+The Tracon reliability guide's examples come from a .NET product, so operators paste values like
+`"00:00:30"` or `"1.02:03:04.5"`, while environment variables and quick edits are easier as
+seconds; both forms parse to a `timedelta`, and messages quote durations back as TimeSpan text.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from decimal import Decimal, InvalidOperation
 MAX_TIMER = timedelta(milliseconds=2**32 - 2)
 """The longest interval a timer may have (about 49.7 days).
 
-It is the .NET timer limit the spec's "1 ms to about 49.7 days" ranges come from; keeping it
-also keeps every interval inside what a 32-bit millisecond counter (and Redis `PX`) accepts.
+It is the .NET timer limit behind the reliability guide's "1 ms to about 49.7 days" range for
+`RunReconciliation.HeartbeatInterval` and `ScanInterval`; keeping to it also keeps every interval
+inside what a 32-bit millisecond counter (and Redis `PX`) accepts.
 """
 
 _TIMESPAN = re.compile(

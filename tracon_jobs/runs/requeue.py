@@ -9,11 +9,10 @@ guarded claim lets only one delivery execute.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING
+from datetime import datetime, timedelta
 
-if TYPE_CHECKING:
-    from tracon_jobs.runtime import Runtime
+from tracon_jobs.runs.dispatch import RunDispatcher
+from tracon_jobs.runs.store import RunStore
 
 BATCH = 500
 
@@ -24,10 +23,12 @@ class RequeueResult:
     failed: list[str] = field(default_factory=list)
 
 
-def scan_once(runtime: Runtime, now: datetime) -> RequeueResult:
-    stale = runtime.runs.unclaimed(now, runtime.settings.runs.requeue_after, BATCH)
+def requeue_unclaimed(
+    runs: RunStore, dispatcher: RunDispatcher, requeue_after: timedelta, now: datetime
+) -> RequeueResult:
+    """One pass: every run still `Queued` and unclaimed `requeue_after` after its send."""
     resent: list[str] = []
     failed: list[str] = []
-    for run_id in stale:
-        (resent if runtime.dispatcher.resend(run_id) else failed).append(run_id)
+    for run_id in runs.unclaimed(now, requeue_after, BATCH):
+        (resent if dispatcher.resend(run_id) else failed).append(run_id)
     return RequeueResult(resent, failed)

@@ -1,8 +1,8 @@
-"""Every default value of tracon-jobs, once, each with the reason it has that value.
+"""Every default value of tracon-jobs, once, each with the reason it has that value, so that the
+section models, code without a settings object and the settings reference all share one source.
 
-`settings.py` reads its defaults from here; code that needs a default without a settings
-object (a test double, a CLI flag) imports it from here too, so no value is written twice.
-Unless a docstring says otherwise, a value is the spec's (the Tracon reliability guide).
+Unless a docstring says otherwise, a value is the default the Tracon reliability guide gives; the
+docstrings are the descriptions `reference.py` prints in docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ take every provider down with it (tracon-jobs addition)."""
 # --- Idempotency ---------------------------------------------------------------------------
 
 IDEMPOTENCY_ENABLED: Final = True
-"""On here (the spec's product has it off): the `Idempotency-Key` header costs nothing when a
-request does not send it, and a client that sends it expects it honoured rather than a `501`."""
+"""On here (the reliability guide's default is off): the `Idempotency-Key` header costs nothing when
+a request does not send it, and a client that sends it expects it honoured rather than a `501`."""
 
 MAX_IDEMPOTENCY_KEY_LENGTH: Final = 255
 """Longer keys get `400`; bounds the stored key and the index that looks it up."""
@@ -42,7 +42,8 @@ MAX_IDEMPOTENCY_KEY_LENGTH: Final = 255
 # --- SingletonExecution --------------------------------------------------------------------
 
 SINGLETON_EXECUTION_ENABLED: Final = False
-"""Off as in the spec: one process needs no election; a cluster turns it on with shared state."""
+"""Off, the reliability guide's default: one process needs no election; a cluster turns it on with
+shared state."""
 
 LEASE_DURATION: Final = timedelta(seconds=60)
 """Lease of a periodic service's owner; renewed at a third of it, so two renewals may fail
@@ -54,7 +55,8 @@ OWNER_ID: Final = ""
 # --- RunReconciliation ---------------------------------------------------------------------
 
 RUN_RECONCILIATION_ENABLED: Final = False
-"""Off as in the spec: closing runs as `orphaned` is a decision an operator opts into."""
+"""Off, the reliability guide's default: closing runs as `orphaned` is a decision an operator opts
+into."""
 
 HEARTBEAT_INTERVAL: Final = timedelta(seconds=30)
 """How often live runs prove they are alive; ten beats fit in the orphan threshold."""
@@ -72,7 +74,8 @@ MAX_RUNS_PER_SCAN: Final = 100
 # --- RunContinuation -----------------------------------------------------------------------
 
 RUN_CONTINUATION_ENABLED: Final = False
-"""Off as in the spec: re-running a turn is only safe once tools declare their side effects."""
+"""Off, the reliability guide's default: re-running a turn is only safe once tools declare their
+side effects."""
 
 MAX_CONTINUATION_ATTEMPTS: Final = 1
 """Continuations per interruption chain; a run that keeps killing its process stops after one."""
@@ -80,17 +83,17 @@ MAX_CONTINUATION_ATTEMPTS: Final = 1
 # --- Workflows -----------------------------------------------------------------------------
 
 ENABLE_CHECKPOINTING: Final = False
-"""Off as in the spec: checkpoints cost a write per step."""
+"""Off, the reliability guide's default: checkpoints cost a write per step."""
 
 RESUME_INTERRUPTED_RUNS: Final = False
-"""Off as in the spec: an interrupted workflow step runs again when resumed, which only the
-workflow's author can declare safe."""
+"""Off, the reliability guide's default: an interrupted workflow step runs again when resumed, which
+only the workflow's author can declare safe."""
 
 MAX_RESUME_ATTEMPTS: Final = 1
 """Continuations of one interrupted workflow chain before its job fails."""
 
 MAX_RESUME_ATTEMPTS_LIMIT: Final = 100
-"""Upper bound of `Workflows.MaxResumeAttempts` (the spec's range is 0 to 100)."""
+"""Upper bound of `Workflows.MaxResumeAttempts` (the reliability guide's range is 0 to 100)."""
 
 # --- AsyncRun ------------------------------------------------------------------------------
 
@@ -129,10 +132,19 @@ PROBE_LEASE: Final = timedelta(seconds=60)
 # --- Drain ---------------------------------------------------------------------------------
 
 DRAIN_ENABLED: Final = False
-"""Off as in the spec: a stop signal ends the process at once, and reconciliation recovers."""
+"""Off, the reliability guide's default: a stop signal ends the process at once, and reconciliation
+recovers."""
 
 DRAIN_TIMEOUT: Final = timedelta(seconds=30)
 """Longest a graceful stop waits for in-flight runs; a stuck run must not block a deploy."""
+
+# --- Approvals -----------------------------------------------------------------------------
+
+APPROVAL_TIMEOUT: Final = timedelta(days=1)
+"""How long a person has to decide; past it the call is answered `approval_expired`."""
+
+APPROVAL_EXPIRY_SCAN_INTERVAL: Final = timedelta(seconds=30)
+"""How often beat expires overdue approvals (a decision after `expiresAt` is refused anyway)."""
 
 # --- ToolLoop ------------------------------------------------------------------------------
 
@@ -142,7 +154,7 @@ ALLOW_CONCURRENT_TOOL_CALLS: Final = False
 # --- Retention -----------------------------------------------------------------------------
 
 RETENTION_ENABLED: Final = False
-"""Off as in the spec: deleting records is a decision an operator makes."""
+"""Off, the reliability guide's default: deleting records is a decision an operator makes."""
 
 IDEMPOTENCY_RETENTION: Final = timedelta(days=1)
 """Age after which idempotency records are deleted once retention is on; a day covers any
@@ -182,10 +194,10 @@ PROVIDER_TIMEOUT_SECONDS: Final = 60.0
 connection counts as a failure for the breaker."""
 
 SCRIPT_INPUT_TOKENS: Final = 10
-"""Usage a scripted step reports when it does not say, so budgets and cost see a non-zero spend."""
+"""Input tokens a scripted step reports when it does not say, so budgets and cost see a spend."""
 
 SCRIPT_OUTPUT_TOKENS: Final = 5
-"""See `SCRIPT_INPUT_TOKENS`."""
+"""Output tokens a scripted step reports when it does not say, so budgets and cost see a spend."""
 
 SCRIPT_DELAY_SECONDS: Final = 0.0
 """Scripted steps answer at once unless a test needs a slow provider."""

@@ -1,0 +1,93 @@
+"""Plain helpers the tests import: configuration builders, run senders, the types of the
+shared fixtures. The fixtures themselves are in tests/conftest.py, which no test imports."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from tracon_jobs.runs.dispatch import Sender
+from tracon_jobs.runtime import Runtime
+from tracon_jobs.settings import Settings, load_settings
+
+Script = list[dict[str, Any]]
+"""The `Script` of a scripted provider: one JSON step per model turn."""
+
+
+class MakeRuntime(Protocol):
+    """The `make_runtime` fixture: a `Runtime` on `sql_url` and the test's Redis, from
+    configuration sections (`Agents=...`); closed after the test."""
+
+    def __call__(
+        self, sql_url: str, /, *, sender: Sender | None = None, **sections: Any
+    ) -> Runtime: ...
+
+
+def scripted_agent(script: Script, tools: list[str] | None = None) -> dict[str, Any]:
+    """Providers + Agents sections for one agent `demo` on a scripted provider."""
+    return {
+        "Providers": {"scripted": {"Kind": "scripted", "Script": script}},
+        "Agents": {
+            "demo": {
+                "Instructions": "test agent",
+                "Model": {"provider": "scripted", "model": "demo-model"},
+                "Tools": tools or [],
+            }
+        },
+        "Pricing": {"Models": {"demo-model": {"InputPerMillion": 1, "OutputPerMillion": 2}}},
+        "ToolModules": ["tests.tools"],
+    }
+
+
+def settings_from(path: Path) -> Settings:
+    """The settings of a config file alone, whatever the environment says."""
+    return load_settings(path, environ={})
+
+
+def hold_queued(run_id: str) -> None:
+    """A sender that sends nothing: every submitted run stays `Queued`."""
+
+
+class ThreadWorker:
+    """Stands in for a Celery worker: each sent run executes on a thread of its own.
+
+    Every thread it starts is tracked, so the `thread_worker` fixture joins them before the
+    runtimes close and the database goes away.
+    """
+
+    def __init__(self) -> None:
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def sender(self, runtime: Runtime) -> Sender:
+        """A sender for `runtime.send_runs_with` that executes each run on a new thread."""
+
+        def send(run_id: str) -> None:
+            self.start(runtime.executor.execute, run_id)
+
+        return send
+
+    def start(self, target: Callable[[str], object], run_id: str, delay: float = 0) -> None:
+        """`target(run_id)` on a tracked thread, after `delay` seconds."""
+        thread = threading.Timer(delay, target, args=(run_id,))
+        thread.daemon = True
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def join(self, timeout: float) -> list[threading.Thread]:
+        """Wait up to `timeout` seconds in all for every thread, including those started
+        meanwhile (a parent run sending its children); the ones still alive."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                threads = list(self._threads)
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            with self._lock:
+                everything = list(self._threads)
+            if len(everything) == len(threads) or time.monotonic() >= deadline:
+                return [thread for thread in everything if thread.is_alive()]

@@ -1,0 +1,38 @@
+"""The `tracon-jobs` command: `main` parses the command line, runs one command and turns its
+failures into exit codes; the commands live in the modules of this package."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from tracon_jobs.cli.context import CommandError
+from tracon_jobs.cli.parser import Handler, build_parser
+from tracon_jobs.errors import ConfigurationError
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("TRACON_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    if rest and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        return handler(args, rest)
+    except ConfigurationError as exc:
+        print(f"tracon-jobs: {exc}", file=sys.stderr)
+        return 78  # EX_CONFIG
+    except CommandError as exc:
+        print(exc, file=sys.stderr)
+        return 1

@@ -1,0 +1,118 @@
+"""The operator commands: tenants and API keys, runs, circuits, idempotency records and
+draining the local web node. They read and write through the core's stores, never the web."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from tracon_jobs.cli.context import CommandError, load_runtime
+from tracon_jobs.drain import start_web_drain
+from tracon_jobs.resilience.views import circuits_view
+
+if TYPE_CHECKING:
+    from tracon_jobs.runtime import Runtime
+
+
+def _tenant(runtime: Runtime, name_or_id: str) -> str:
+    tenant_id: str | None = runtime.tenants.find_tenant(name_or_id)
+    if tenant_id is None:
+        raise CommandError(f"no tenant '{name_or_id}'")
+    return tenant_id
+
+
+def cmd_drain(args: argparse.Namespace, rest: list[str]) -> int:
+    path = start_web_drain()
+    print(f"draining: new runs on this node get 503 until it stops (flag {path})")
+    return 0
+
+
+def cmd_circuits(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    views = circuits_view(runtime.breaker, runtime.slots, runtime.settings.providers)
+    print(f"{'provider':<20} {'state':<10} {'failures':>8} {'retry after':>12} {'slots':>12}")
+    for view in views:
+        retry = f"{view['retryAfter']:.1f}s" if view["retryAfter"] else "-"
+        slots = view["slots"]
+        used = f"{slots['inUse']}/{slots['limit']}+{slots['waiting']}" if slots["limit"] else "-"
+        print(
+            f"{view['provider']:<20} {view['state']:<10} {view['consecutiveFailures']:>8} "
+            f"{retry:>12} {used:>12}"
+        )
+    return 0
+
+
+def cmd_tenants_create(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    if runtime.tenants.find_tenant(args.name):
+        raise CommandError(f"tenant '{args.name}' already exists; use 'keys create'")
+    tenant_id = runtime.tenants.create_tenant(args.name)
+    issued = runtime.tenants.issue_key(tenant_id, label="initial")
+    print(f"tenant: {args.name} ({tenant_id})\napi key (shown once): {issued.secret}")
+    return 0
+
+
+def cmd_keys_create(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant)
+    print(f"api key (shown once): {runtime.tenants.issue_key(tenant_id).secret}")
+    return 0
+
+
+def cmd_runs_list(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.runs.store import RunFilter
+
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant)
+    runs = runtime.runs.page(
+        tenant_id, RunFilter(status=args.status), limit=args.limit, before=None
+    )
+    for run in runs:
+        print(
+            f"{run.id}  {run.status:<9}  {run.agent:<16}  {run.created_at:%Y-%m-%d %H:%M:%S}"
+            f"  {run.error_type or ''}"
+        )
+    return 0
+
+
+def cmd_runs_show(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.runs.views import run_json
+
+    runtime = load_runtime()
+    run = runtime.runs.get(args.run_id)
+    if run is None:
+        raise CommandError(f"no run '{args.run_id}'")
+    body = run_json(run)
+    body["events"] = [event.as_json() for event in runtime.runs.events(run.id)]
+    print(json.dumps(body, indent=2, default=str))
+    return 0
+
+
+def cmd_idempotency_list(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.idempotency import IdempotencyStore
+
+    runtime = load_runtime()
+    tenant_id = None
+    if args.tenant:
+        tenant_id = _tenant(runtime, args.tenant)
+    records = IdempotencyStore(runtime.db).list_in_progress(tenant_id, limit=args.limit)
+    if not records:
+        print("no InProgress idempotency records")
+    for record in records:
+        print(
+            f"{record.created_at:%Y-%m-%d %H:%M:%S}  {record.state}  tenant={record.tenant_id}"
+            f"  run={record.run_id or '-'}  {record.method} {record.path}  key={record.key}"
+        )
+    return 0
+
+
+def cmd_idempotency_release(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.idempotency import IdempotencyStore
+
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant)
+    if not IdempotencyStore(runtime.db).release(tenant_id, args.key):
+        raise CommandError(f"no InProgress record for key '{args.key}' of tenant '{args.tenant}'")
+    print(f"released key '{args.key}' of tenant '{args.tenant}': a retry will execute")
+    return 0

@@ -1,0 +1,135 @@
+"""The long-running processes: `migrate` before them, then `web` (gunicorn and its draining
+arbiter), `worker`, `beat` and `flower` (Celery, with the periodic tasks installed)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TYPE_CHECKING, Any
+
+from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+from gunicorn.util import import_app
+
+from tracon_jobs.cli.context import VAR, load_runtime, safe_url
+from tracon_jobs.drain import clear_web_drain, start_web_drain
+from tracon_jobs.settings import load_settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from tracon_jobs.runtime import Runtime
+
+WEB_APP = "web:create_app()"
+"""The WSGI app, named as gunicorn names one: the core never imports the `web` package."""
+
+
+def cmd_migrate(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.db.migrate import upgrade
+
+    settings = load_settings()
+    upgrade(settings.database.url)
+    print(f"database migrated: {safe_url(settings.database.url)}")
+    return 0
+
+
+# -- web -----------------------------------------------------------------------------------
+
+
+def cmd_web(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    runtime.close()  # fail at startup (settings, tool modules), not in the first request
+    drain = runtime.settings.drain
+    clear_web_drain()  # a flag left by an earlier stop must not make a new node refuse
+    DrainingArbiter.drain_seconds = drain.timeout.total_seconds() if drain.enabled else None
+    DrainingArbiter(WebApplication(args.bind, args.workers, args.threads)).run()
+    return 0
+
+
+class WebApplication(BaseApplication):
+    """gunicorn serving `WEB_APP` on gthread workers, with no request timeout."""
+
+    def __init__(self, bind: str, workers: int, threads: int) -> None:
+        self.options = {"bind": bind, "workers": workers, "threads": threads}
+        super().__init__()  # loads the config: `options` must be set first
+
+    def load_config(self) -> None:
+        for name, value in self.options.items():
+            self.cfg.set(name, value)
+        self.cfg.set("worker_class", "gthread")
+        self.cfg.set("timeout", 0)  # SSE streams live as long as their runs
+        self.cfg.set("graceful_timeout", 30)
+        self.cfg.set("accesslog", "-")
+
+    def load(self) -> Any:
+        return import_app(WEB_APP)
+
+
+class DrainingArbiter(Arbiter):
+    """gunicorn closes its listener on SIGTERM; while draining it must still answer 503.
+
+    With `Drain.Enabled`, the first SIGTERM only starts draining (the flag every web process
+    reads), and the stop proper begins once `Drain.Timeout` has passed.
+    """
+
+    drain_seconds: float | None = None
+    drain_deadline: float | None = None
+
+    def handle_term(self) -> None:
+        if self.drain_seconds is None or self.drain_deadline is not None:
+            raise StopIteration
+        start_web_drain()
+        self.drain_deadline = time.monotonic() + self.drain_seconds
+        self.log.info("draining for %.1fs before stopping", self.drain_seconds)
+
+    def manage_workers(self) -> None:
+        if self.drain_deadline is not None and time.monotonic() >= self.drain_deadline:
+            clear_web_drain()
+            raise StopIteration
+        super().manage_workers()
+
+
+# -- Celery --------------------------------------------------------------------------------
+
+
+def celery_with_periodic_tasks(runtime: Runtime) -> Celery:
+    """The runtime's Celery app with the periodic tasks and their schedule installed."""
+    import beat_schedules
+
+    beat_schedules.install(runtime.celery, runtime)
+    return runtime.celery
+
+
+def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    app = celery_with_periodic_tasks(runtime)
+    argv = [
+        "worker",
+        "--pool",
+        "threads",
+        "-c",
+        str(runtime.settings.worker.concurrency),
+        "-E",
+        "-Q",
+        "tracon.runs,tracon.control",
+        "--loglevel",
+        "INFO",
+        *rest,
+    ]
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_beat(args: argparse.Namespace, rest: list[str]) -> int:
+    app = celery_with_periodic_tasks(load_runtime())
+    VAR.mkdir(exist_ok=True)
+    schedule = str(VAR / "celerybeat-schedule")
+    app.start(["beat", "-s", schedule, "--loglevel", "INFO", *rest])
+    return 0
+
+
+def cmd_flower(args: argparse.Namespace, rest: list[str]) -> int:
+    app = celery_with_periodic_tasks(load_runtime())  # Flower shows the periodic tasks' names
+    argv = ["flower", *rest] if rest else ["flower", "--address=127.0.0.1", "--port=5555"]
+    app.start(argv)
+    return 0

@@ -1,0 +1,78 @@
+"""Close runs left behind by a crash, and continue the ones that can be continued.
+
+`Running` runs (and `Queued` runs that wrote a heartbeat) silent for `OrphanThreshold` are
+closed: `Canceled` when a cancel was requested (never continued), else `Failed` with error
+type `orphaned`. Each close is guarded by the fence and the heartbeat it was read with, so
+a run that heartbeated meanwhile is left alone. Right after an orphaned root agent run
+closes, `RunContinuation` may start a new run in the same session.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tracon_jobs.db.models import Run
+from tracon_jobs.runs.continuation import Continuations
+from tracon_jobs.runs.lifecycle import ErrorClass, RunError, RunStatus
+from tracon_jobs.runs.store import RunStore
+from tracon_jobs.settings import RunReconciliationSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    orphaned: list[str] = field(default_factory=list)
+    canceled: list[str] = field(default_factory=list)
+    continued: dict[str, str] = field(default_factory=dict)  # orphan -> continuation
+
+
+class Reconciler:
+    """The orphan scan: closes silent runs and hands orphans to `Continuations`."""
+
+    def __init__(
+        self, config: RunReconciliationSettings, runs: RunStore, continuations: Continuations
+    ) -> None:
+        self.config = config
+        self.runs = runs
+        self.continuations = continuations
+
+    def scan_once(
+        self, now: datetime, still_owner: Callable[[], bool] = lambda: True
+    ) -> ReconcileResult:
+        """One pass; stops between runs as soon as this process is no longer the lease owner."""
+        threshold = self.config.orphan_threshold
+        silent_since = now - threshold
+        result = ReconcileResult()
+        for run in self.runs.orphans(now, threshold, self.config.max_runs_per_scan):
+            if not still_owner():
+                break
+            if run.cancel_requested_at is not None:
+                self._close_canceled(run, silent_since, result)
+            else:
+                self._close_orphaned(run, silent_since, result)
+        return result
+
+    def _close_canceled(self, run: Run, silent_since: datetime, result: ReconcileResult) -> None:
+        error = RunError(
+            "canceled", ErrorClass.CANCELLATION, "canceled; its process died before it stopped"
+        )
+        if self.runs.close_orphan(run, RunStatus.CANCELED, error, silent_since):
+            result.canceled.append(run.id)
+
+    def _close_orphaned(self, run: Run, silent_since: datetime, result: ReconcileResult) -> None:
+        error = RunError(
+            "orphaned",
+            ErrorClass.INFRASTRUCTURE,
+            f"no heartbeat since {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC; its process is gone",
+        )
+        if not self.runs.close_orphan(run, RunStatus.FAILED, error, silent_since):
+            return
+        log.warning("run %s closed as orphaned", run.id)
+        result.orphaned.append(run.id)
+        continuation = self.continuations.continue_orphan(run)
+        if continuation is not None:
+            result.continued[run.id] = continuation

@@ -1,0 +1,524 @@
+"""The sections of the `Tracon` configuration and `Settings`, the one validated value they form:
+each field with its type, default and rule, plus the rules that compare fields.
+
+Keys follow the Tracon reliability guide's .NET configuration, which matches them
+case-insensitively, so an operator can paste the guide's JSON (`"FailureThreshold"`) or write
+Python-style names (`"failure_threshold"`) and get the same result.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic.alias_generators import to_pascal
+
+from tracon_jobs.settings import defaults
+from tracon_jobs.settings.errors import configuration_error
+from tracon_jobs.settings.keys import normalize_key
+from tracon_jobs.settings.types import (
+    AtLeastOne,
+    AtLeastZero,
+    LeaseDuration,
+    NonEmptyStr,
+    NonNegativeDecimal,
+    Number,
+    OptionalDuration,
+    PositiveDuration,
+    PositiveFloat,
+    PositiveInt,
+    Rule,
+    TimerDuration,
+    WholeNumber,
+    at_least,
+    between,
+    broken_rule,
+    shown,
+)
+
+_NO_LIMIT = Rule("zero, negative or null: no limit")
+
+# --- the base model -----------------------------------------------------------------------
+
+
+class ConfigModel(BaseModel):
+    """A configuration section: immutable, strict about unknown keys, lenient about their case."""
+
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, frozen=True, alias_generator=to_pascal
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _match_keys(cls, data: Any) -> Any:
+        """Rename incoming keys to the PascalCase aliases, so that error locations read like the
+        reliability guide's setting names whatever spelling the input used. Unknown keys stay as
+        given, for `extra="forbid"` to name them."""
+        if not isinstance(data, Mapping):
+            return data
+        aliases = {
+            normalize_key(field.alias or name): field.alias or name
+            for name, field in cls.model_fields.items()
+        }
+        return _renamed(data, aliases)
+
+
+def _renamed(data: Mapping[Any, Any], aliases: Mapping[str, str]) -> dict[Any, Any]:
+    renamed: dict[Any, Any] = {}
+    spelled: dict[Any, Any] = {}
+    for key, value in data.items():
+        target = aliases.get(normalize_key(key), key) if isinstance(key, str) else key
+        if target in renamed:
+            raise broken_rule(
+                f"is given twice (as {spelled[target]!r} and {key!r})", setting=target
+            )
+        renamed[target], spelled[target] = value, key
+    return renamed
+
+
+# --- sections of the Tracon reliability guide ----------------------------------------------
+
+
+class CircuitBreakerSettings(ConfigModel):
+    """Per-provider circuit breaker: fail fast instead of queueing calls behind a sick provider."""
+
+    enabled: bool = defaults.CIRCUIT_BREAKER_ENABLED
+    failure_threshold: AtLeastOne = defaults.FAILURE_THRESHOLD
+    break_duration: PositiveDuration = defaults.BREAK_DURATION
+    half_open_max_probes: AtLeastOne = defaults.HALF_OPEN_MAX_PROBES
+    on_store_unavailable: Literal["allow", "reject"] = defaults.ON_STORE_UNAVAILABLE
+    probe_lease: LeaseDuration = defaults.PROBE_LEASE
+
+
+class IdempotencySettings(ConfigModel):
+    """`Idempotency-Key` handling on the run submission routes."""
+
+    enabled: bool = defaults.IDEMPOTENCY_ENABLED
+    max_key_length: AtLeastOne = defaults.MAX_IDEMPOTENCY_KEY_LENGTH
+
+
+class SingletonExecutionSettings(ConfigModel):
+    """Lease-based election of the one process that runs each periodic service."""
+
+    enabled: bool = defaults.SINGLETON_EXECUTION_ENABLED
+    lease_duration: LeaseDuration = defaults.LEASE_DURATION
+    owner_id: str = defaults.OWNER_ID
+
+    def resolved_owner_id(self) -> str:
+        """The configured owner, or one generated once for this instance.
+
+        A lease is renewed and released by the owner that took it, so the generated id must
+        never change between calls, even when two threads ask first at the same time. It is
+        kept outside the fields, so equality and dumps see only the configuration.
+        """
+        if self.owner_id:
+            return self.owner_id
+        with _OWNER_ID_LOCK:
+            generated: str = self.__dict__.setdefault("_generated_owner_id", _new_owner_id())
+        return generated
+
+
+_OWNER_ID_LOCK = threading.Lock()
+
+
+def _new_owner_id() -> str:
+    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+
+
+class RunReconciliationSettings(ConfigModel):
+    """Heartbeats of live runs and the scan that closes silent ones as `orphaned`."""
+
+    enabled: bool = defaults.RUN_RECONCILIATION_ENABLED
+    heartbeat_interval: TimerDuration = defaults.HEARTBEAT_INTERVAL
+    orphan_threshold: Annotated[PositiveDuration, Rule("at least `HeartbeatInterval`")] = (
+        defaults.ORPHAN_THRESHOLD
+    )
+    scan_interval: TimerDuration = defaults.SCAN_INTERVAL
+    max_runs_per_scan: PositiveInt = defaults.MAX_RUNS_PER_SCAN
+
+    @model_validator(mode="after")
+    def _threshold_covers_heartbeat(self) -> RunReconciliationSettings:
+        """A threshold shorter than the heartbeat would close runs that are alive and beating."""
+        if self.orphan_threshold < self.heartbeat_interval:
+            raise broken_rule(
+                "must be at least RunReconciliation.HeartbeatInterval "
+                f"(got {shown(self.orphan_threshold)} < {shown(self.heartbeat_interval)})",
+                setting="OrphanThreshold",
+            )
+        return self
+
+
+class RunContinuationSettings(ConfigModel):
+    """Continuing an orphaned session-bound run as a new run in the same session."""
+
+    enabled: bool = defaults.RUN_CONTINUATION_ENABLED
+    max_attempts: AtLeastZero = defaults.MAX_CONTINUATION_ATTEMPTS
+
+
+class WorkflowsSettings(ConfigModel):
+    """Checkpoints, and resuming interrupted workflow runs from them."""
+
+    enable_checkpointing: bool = defaults.ENABLE_CHECKPOINTING
+    resume_interrupted_runs: Annotated[bool, Rule("needs `EnableCheckpointing`")] = (
+        defaults.RESUME_INTERRUPTED_RUNS
+    )
+    max_resume_attempts: Annotated[WholeNumber, between(0, defaults.MAX_RESUME_ATTEMPTS_LIMIT)] = (
+        defaults.MAX_RESUME_ATTEMPTS
+    )
+
+    @model_validator(mode="after")
+    def _resume_needs_checkpoints(self) -> WorkflowsSettings:
+        """Resuming without checkpoints would restart runs from scratch while claiming to resume."""
+        if self.resume_interrupted_runs and not self.enable_checkpointing:
+            raise broken_rule(
+                "requires Workflows.EnableCheckpointing", setting="ResumeInterruptedRuns"
+            )
+        return self
+
+
+class AsyncRunSettings(ConfigModel):
+    """The job of a queued (`Prefer: respond-async`) run."""
+
+    max_attempts: AtLeastOne = defaults.ASYNC_RUN_MAX_ATTEMPTS
+
+
+def _limit(value: Number | None) -> Number | None:
+    return value if value is not None and value > 0 else None
+
+
+class AgentGraphSettings(ConfigModel):
+    """Budgets shared by a root run and its child-agent tree.
+
+    The raw fields keep what the operator wrote, because the reliability guide's AgentGraph table
+    gives zero and negative values a meaning (a negative MaxDepth clamps to zero; a zero or
+    negative limit is no limit); code reads the `*_limit` properties instead.
+    """
+
+    max_depth: Annotated[WholeNumber, Rule("negative clamps to 0")] = defaults.MAX_DEPTH
+    max_total_tokens: Annotated[WholeNumber | None, _NO_LIMIT] = defaults.MAX_TOTAL_TOKENS
+    max_total_cost: Annotated[Decimal | None, _NO_LIMIT] = defaults.MAX_TOTAL_COST
+    max_total_runs: Annotated[WholeNumber | None, _NO_LIMIT] = defaults.MAX_TOTAL_RUNS
+    max_duration: Annotated[OptionalDuration, _NO_LIMIT] = defaults.MAX_DURATION
+
+    @property
+    def depth_limit(self) -> int:
+        """Deepest child allowed; negative clamps to zero (only the root may run)."""
+        return max(self.max_depth, 0)
+
+    @property
+    def token_limit(self) -> int | None:
+        return _limit(self.max_total_tokens)
+
+    @property
+    def cost_limit(self) -> Decimal | None:
+        return _limit(self.max_total_cost)
+
+    @property
+    def run_limit(self) -> int | None:
+        return _limit(self.max_total_runs)
+
+    @property
+    def duration_limit(self) -> timedelta | None:
+        duration = self.max_duration
+        return duration if duration is not None and duration > timedelta(0) else None
+
+
+class ModelConcurrencySettings(ConfigModel):
+    """Cap on in-flight calls per provider, so a burst queues instead of drawing 429s."""
+
+    max_concurrent_calls_per_provider: Annotated[PositiveInt | None, Rule("null: no limit")] = (
+        defaults.MAX_CONCURRENT_CALLS_PER_PROVIDER
+    )
+    slot_lease: LeaseDuration = defaults.SLOT_LEASE
+
+
+class DrainSettings(ConfigModel):
+    """Graceful stop: refuse new runs and wait a while for the ones in flight."""
+
+    enabled: bool = defaults.DRAIN_ENABLED
+    timeout: PositiveDuration = defaults.DRAIN_TIMEOUT
+
+
+class ApprovalsSettings(ConfigModel):
+    """A person between the model and a tool call: how long they have, how often beat looks."""
+
+    timeout: PositiveDuration = defaults.APPROVAL_TIMEOUT
+    expiry_scan_interval: PositiveDuration = defaults.APPROVAL_EXPIRY_SCAN_INTERVAL
+
+
+class ToolLoopSettings(ConfigModel):
+    """How the tools one model turn asks for are run."""
+
+    allow_concurrent_tool_calls: bool = defaults.ALLOW_CONCURRENT_TOOL_CALLS
+
+
+class RetentionSettings(ConfigModel):
+    """Deleting old records; off unless an operator decides what may go."""
+
+    enabled: bool = defaults.RETENTION_ENABLED
+    idempotency: PositiveDuration = defaults.IDEMPOTENCY_RETENTION
+
+    @property
+    def idempotency_retention(self) -> timedelta | None:
+        """`None` while retention is off, so a caller cannot delete by forgetting `enabled`."""
+        return self.idempotency if self.enabled else None
+
+
+# --- tracon-jobs sections -----------------------------------------------------------------
+
+
+class RunsSettings(ConfigModel):
+    """Liveness of queued runs and limits of one run (tracon-jobs additions)."""
+
+    requeue_after: PositiveDuration = defaults.REQUEUE_AFTER
+    buffered_wait_timeout: PositiveDuration = defaults.BUFFERED_WAIT_TIMEOUT
+    max_turns: AtLeastOne = defaults.MAX_TURNS
+
+
+class WorkerSettings(ConfigModel):
+    """Celery worker sizing."""
+
+    concurrency: AtLeastOne = defaults.WORKER_CONCURRENCY
+    prefetch_multiplier: AtLeastOne = defaults.WORKER_PREFETCH_MULTIPLIER
+
+
+class DatabaseSettings(ConfigModel):
+    """The SQL database of runs and their records, as a SQLAlchemy URL."""
+
+    url: NonEmptyStr = defaults.DATABASE_URL
+
+
+class RedisSettings(ConfigModel):
+    """The Redis server behind the Celery broker, the live event feed and coordination state."""
+
+    url: NonEmptyStr = defaults.REDIS_URL
+
+
+class ScriptToolCall(ConfigModel):
+    """One tool call of a scripted answer."""
+
+    name: NonEmptyStr = Field(description="Name of the tool the scripted model calls.")
+    arguments: dict[str, Any] = Field(
+        {}, description="Arguments of the call, as a model sends them."
+    )
+
+
+class ScriptStep(ConfigModel):
+    """One answer of a scripted provider: text, tool calls, or an HTTP error to raise."""
+
+    text: str | None = Field(None, description="Text the scripted model answers with.")
+    tool_calls: list[ScriptToolCall] = Field(
+        [], description="Tool calls the scripted model makes in this turn."
+    )
+    error_status: Annotated[WholeNumber, between(100, 599)] | None = Field(
+        None, description="HTTP status the provider fails with instead of answering."
+    )
+    delay_seconds: Annotated[float, at_least(0)] = defaults.SCRIPT_DELAY_SECONDS
+    input_tokens: AtLeastZero = defaults.SCRIPT_INPUT_TOKENS
+    output_tokens: AtLeastZero = defaults.SCRIPT_OUTPUT_TOKENS
+
+    @model_validator(mode="after")
+    def _says_something(self) -> ScriptStep:
+        """An empty step would be an empty model answer, which no real provider sends."""
+        if self.text is None and not self.tool_calls and self.error_status is None:
+            raise broken_rule("must set Text, ToolCalls or ErrorStatus")
+        return self
+
+
+class ProviderSettings(ConfigModel):
+    """One named provider client; agents bind to it by name."""
+
+    kind: Literal["openai", "anthropic", "scripted"] = Field(
+        description="The client: `openai` and `scripted` work; `anthropic` is accepted, but a run "
+        "bound to it fails."
+    )
+    base_url: str | None = Field(None, description="OpenAI-compatible base URL; null is OpenAI's.")
+    api_key: SecretStr | None = Field(
+        None, description="The key itself; masked in messages and in dumps."
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="Environment variable that holds the key, read when the client is built, so "
+        "a rotated key is picked up at the next start.",
+    )
+    timeout_seconds: PositiveFloat = defaults.PROVIDER_TIMEOUT_SECONDS
+    script: list[ScriptStep] = Field(
+        [],
+        description="The `scripted` provider's answers, one per model turn; each step sets "
+        "`Text`, `ToolCalls` or `ErrorStatus`.",
+    )
+
+    def resolved_api_key(self, environ: Mapping[str, str] = os.environ) -> str | None:
+        """The key itself, or the variable it is kept in, read when the client is built so a
+        rotated key is picked up at the next start without touching the file."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        if self.api_key_env:
+            return environ.get(self.api_key_env) or None
+        return None
+
+
+class ModelPrice(ConfigModel):
+    """What a million tokens of one model cost, in `Pricing.Currency`."""
+
+    input_per_million: NonNegativeDecimal = Field(description="Price of a million input tokens.")
+    output_per_million: NonNegativeDecimal = Field(description="Price of a million output tokens.")
+
+
+class PricingSettings(ConfigModel):
+    """Configured prices; a model without one is priced `Unknown`, never guessed."""
+
+    currency: NonEmptyStr = defaults.CURRENCY
+    models: dict[str, ModelPrice] = Field(
+        {}, description="Prices by model name; an unpriced model costs 0 with source `Unknown`."
+    )
+
+    def price_for(self, model: str) -> ModelPrice | None:
+        return self.models.get(model)
+
+
+class FallbackLink(ConfigModel):
+    """A provider and model tried when the links before it fail transiently."""
+
+    provider: Annotated[NonEmptyStr, Rule("a configured provider")] = Field(
+        description="Provider of the fallback link."
+    )
+    model: NonEmptyStr = Field(description="Model called on that provider.")
+
+
+class ModelBinding(ConfigModel):
+    """The model an agent calls, its request options, and the links tried when it is down."""
+
+    provider: Annotated[NonEmptyStr, Rule("a configured provider")] = Field(
+        description="Provider the agent calls."
+    )
+    model: NonEmptyStr = Field(description="Model name sent to the provider.")
+    fallbacks: list[FallbackLink] = Field(
+        [], description="Links tried in order after a transient failure."
+    )
+    temperature: Annotated[float, between(0, 2)] | None = Field(
+        None, description="Sampling temperature, sent to the model and to fallback links."
+    )
+    top_p: Annotated[float, between(0, 1)] | None = Field(
+        None, description="Nucleus sampling, sent to the model and to fallback links."
+    )
+    max_output_tokens: AtLeastOne | None = Field(
+        None,
+        description="Sent to the model and to fallback links; also sizes a call's token "
+        "reservation.",
+    )
+    response_format: dict[str, Any] | None = Field(
+        None, description="Sent to the model as `response_format` (and to fallback links)."
+    )
+
+    def provider_links(self) -> Iterator[tuple[str, str]]:
+        """Each provider the binding may call, with the setting that names it."""
+        yield "Provider", self.provider
+        for index, link in enumerate(self.fallbacks):
+            yield f"Fallbacks[{index}].Provider", link.provider
+
+    def links(self) -> list[tuple[str, str]]:
+        """(provider, model) for the primary binding, then each fallback link in order."""
+        return [(self.provider, self.model)] + [(f.provider, f.model) for f in self.fallbacks]
+
+
+class AgentSettings(ConfigModel):
+    """One named agent: its instructions, the model it calls, and the tools and agents it uses."""
+
+    instructions: str = Field("", description="The system message.")
+    model: ModelBinding
+    tools: list[NonEmptyStr] = Field(
+        [], description="Names of the registered `@tool` functions the model may call."
+    )
+    parameters: dict[str, Any] = Field(
+        {},
+        description="Declared parameters; a run's `parameters` are given to the model with the "
+        "instructions.",
+    )
+    sub_agents: Annotated[list[NonEmptyStr], Rule("each a configured agent")] = Field(
+        [], description="Agents the model may call as tools; each call is a child run of its tree."
+    )
+    require_approval: Annotated[list[NonEmptyStr], Rule("each one of the agent's Tools")] = Field(
+        [],
+        description="Tools whose every call waits for a person's approval, in addition to "
+        "those registered `requires_approval=True`.",
+    )
+
+
+# --- the whole configuration --------------------------------------------------------------
+
+
+class Settings(ConfigModel):
+    """Everything under the `Tracon` root, validated as one value."""
+
+    circuit_breaker: CircuitBreakerSettings = Field(default_factory=CircuitBreakerSettings)
+    idempotency: IdempotencySettings = Field(default_factory=IdempotencySettings)
+    singleton_execution: SingletonExecutionSettings = Field(
+        default_factory=SingletonExecutionSettings
+    )
+    run_reconciliation: RunReconciliationSettings = Field(default_factory=RunReconciliationSettings)
+    run_continuation: RunContinuationSettings = Field(default_factory=RunContinuationSettings)
+    workflows: WorkflowsSettings = Field(default_factory=WorkflowsSettings)
+    async_run: AsyncRunSettings = Field(default_factory=AsyncRunSettings)
+    agent_graph: AgentGraphSettings = Field(default_factory=AgentGraphSettings)
+    model_concurrency: ModelConcurrencySettings = Field(default_factory=ModelConcurrencySettings)
+    drain: DrainSettings = Field(default_factory=DrainSettings)
+    approvals: ApprovalsSettings = Field(default_factory=ApprovalsSettings)
+    tool_loop: ToolLoopSettings = Field(default_factory=ToolLoopSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    runs: RunsSettings = Field(default_factory=RunsSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    providers: dict[str, ProviderSettings] = Field(
+        {}, description="Provider clients by name; agents bind to them by name."
+    )
+    pricing: PricingSettings = Field(default_factory=PricingSettings)
+    agents: dict[str, AgentSettings] = Field({}, description="Agents by name.")
+    tool_modules: list[NonEmptyStr] = Field(
+        [], description="Modules imported at startup, so that their `@tool` functions register."
+    )
+
+    @model_validator(mode="after")
+    def _agents_name_known_providers(self) -> Settings:
+        """A typo in a provider name must fail at startup, not at the agent's first run."""
+        for agent_name, agent in self.agents.items():
+            for setting, provider in agent.model.provider_links():
+                if provider not in self.providers:
+                    known = ", ".join(sorted(self.providers)) or "none"
+                    raise broken_rule(
+                        f"must name a configured provider (got {provider!r}; configured: {known})",
+                        setting=f"Agents.{agent_name}.Model.{setting}",
+                    )
+            for index, gated in enumerate(agent.require_approval):
+                if gated not in agent.tools:
+                    raise broken_rule(
+                        f"must name one of the agent's Tools (got {gated!r})",
+                        setting=f"Agents.{agent_name}.RequireApproval[{index}]",
+                    )
+            for index, child in enumerate(agent.sub_agents):
+                if child not in self.agents:
+                    raise broken_rule(
+                        f"must name a configured agent (got {child!r})",
+                        setting=f"Agents.{agent_name}.SubAgents[{index}]",
+                    )
+        return self
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Settings:
+        """Validate the contents of the `Tracon` root, reporting as `ConfigurationError`."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise configuration_error(exc) from None  # the cause may quote a secret
+
+    def model_dump_public(self) -> dict[str, Any]:
+        """The configuration in its file shape, for display: secrets masked, durations as text."""
+        return self.model_dump(mode="json", by_alias=True)
