@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tracon_jobs.runs.dispatch import Sender
+from tracon_jobs.runs.lifecycle import Claim
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings, load_settings
 
@@ -91,3 +92,9 @@ class ThreadWorker:
                 everything = list(self._threads)
             if len(everything) == len(threads) or time.monotonic() >= deadline:
                 return [thread for thread in everything if thread.is_alive()]
+
+
+def claim_run(runtime: Runtime, run_id: str, owner: str) -> Claim | None:
+    """Claim a run as a worker would (`Queued` -> `Running`, a new fence), without running it."""
+    claimed = runtime.runs.claim_and_load(run_id, owner)
+    return None if claimed is None else claimed[0]

@@ -81,6 +81,8 @@ def fingerprint(method: str, path: str, body: bytes) -> str:
 
 
 class IdempotencyStore:
+    """The SQL records behind `Idempotency-Key`: reserve once, store the 2xx, replay it."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
 

@@ -40,6 +40,8 @@ def _digest(key: str) -> str:
 
 
 class TenantStore:
+    """Tenants and their API keys (kept hashed, compared in constant time)."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
 

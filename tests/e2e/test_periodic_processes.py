@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from tests.e2e.cluster import Cluster, wait_until
-from tests.helpers import MakeRuntime, scripted_agent
+from tests.helpers import MakeRuntime, claim_run, scripted_agent
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import NewRun
 
@@ -44,7 +44,7 @@ def test_every_scan_runs_in_the_lease_owner_and_closes_orphans(
     # Given a run left Running by a process that is gone
     tenant = runtime.tenants.ensure_tenant("acme")
     orphan = runtime.runs.create(NewRun(tenant, "missing-agent", {"message": "x"}))
-    assert runtime.runs.claim(orphan.id, "dead-process") is not None
+    assert claim_run(runtime, orphan.id, "dead-process") is not None
     with runtime.db.write() as session:
         session.execute(
             update(Run)

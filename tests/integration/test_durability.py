@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import update
 
 from tests import tools
-from tests.helpers import MakeRuntime, Script, ThreadWorker, hold_queued, scripted_agent
+from tests.helpers import MakeRuntime, Script, ThreadWorker, claim_run, hold_queued, scripted_agent
 from tests.stub_provider import StubProvider, hang, reply, tool_call
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db import Database
@@ -206,7 +206,7 @@ def test_a_heartbeat_that_changes_no_row_stops_the_executor(
         sqlite_url, RunReconciliation=RECONCILE, **scripted_agent([{"Text": "hi"}])
     )
     run = new_run(runtime)
-    claim = runtime.runs.claim(run.id, "me")
+    claim = claim_run(runtime, run.id, "me")
     assert claim is not None
     signal = AbortSignal()
     runtime.live_runs.register(claim, signal)
@@ -225,7 +225,7 @@ def test_heartbeats_are_written_for_running_runs(
 ) -> None:
     runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
     run = new_run(runtime)
-    claim = runtime.runs.claim(run.id, "me")
+    claim = claim_run(runtime, run.id, "me")
     assert claim is not None
     set_heartbeat(runtime, run.id, timedelta(minutes=10))
 
@@ -246,7 +246,7 @@ def test_scan_closes_silent_running_runs_as_orphaned(
     runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
     silent, alive, queued_old = new_run(runtime), new_run(runtime), new_run(runtime)
     for run in (silent, alive):
-        assert runtime.runs.claim(run.id, "dead-worker") is not None
+        assert claim_run(runtime, run.id, "dead-worker") is not None
     set_heartbeat(runtime, silent.id, timedelta(minutes=10))
 
     result = runtime.reconciler.scan_once(runtime.db.now())
@@ -285,7 +285,7 @@ def test_scan_closes_a_canceled_orphan_as_canceled_and_never_continues_it(
         **scripted_agent([]),
     )
     run = new_run(runtime, session_id="s1")
-    assert runtime.runs.claim(run.id, "dead-worker") is not None
+    assert claim_run(runtime, run.id, "dead-worker") is not None
     set_heartbeat(runtime, run.id, timedelta(minutes=10), cancel_requested_at=runtime.db.now())
 
     result = runtime.reconciler.scan_once(runtime.db.now())
@@ -303,7 +303,7 @@ def test_scan_respects_max_runs_per_scan(
     )
     runs = [new_run(runtime) for _ in range(3)]
     for run in runs:
-        runtime.runs.claim(run.id, "dead")
+        claim_run(runtime, run.id, "dead")
         set_heartbeat(runtime, run.id, timedelta(minutes=10))
 
     first = runtime.reconciler.scan_once(runtime.db.now())
@@ -318,7 +318,7 @@ def test_a_run_that_beats_after_the_scan_read_it_is_not_closed(
 ) -> None:
     runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
     run = new_run(runtime)
-    claim = runtime.runs.claim(run.id, "slow-but-alive")
+    claim = claim_run(runtime, run.id, "slow-but-alive")
     assert claim is not None
     set_heartbeat(runtime, run.id, timedelta(minutes=10))
     now = runtime.db.now()
@@ -347,7 +347,7 @@ STEPS: Script = [
 def orphan_midway(runtime: Runtime, tool: str = "slow_step", **fields: Any) -> Run:
     """A run that completed `record_step` and died with `tool` in flight."""
     run = new_run(runtime, session_id="s1", **fields)
-    claim = runtime.runs.claim(run.id, "dead-worker")
+    claim = claim_run(runtime, run.id, "dead-worker")
     assert claim is not None
     done = runtime.executor.ledger.start(claim, 0, "call_0_0", "record_step", {"step": "A"})
     assert done is not None
@@ -427,7 +427,7 @@ def test_continuation_is_refused_with_a_reason(
 ) -> None:
     runtime = continuation_runtime(make_runtime, sqlite_url)
     run = new_run(runtime, **({"session_id": "s1"} | fields))
-    assert runtime.runs.claim(run.id, "dead") is not None
+    assert claim_run(runtime, run.id, "dead") is not None
     set_heartbeat(runtime, run.id, timedelta(minutes=10))
 
     assert runtime.reconciler.scan_once(runtime.db.now()).continued == {}
@@ -443,7 +443,7 @@ def test_a_failed_heartbeat_is_logged_and_tried_again_at_the_next_interval(
 ) -> None:
     runtime = make_runtime(sqlite_url, **scripted_agent([]))
     run = new_run(runtime)
-    claim = runtime.runs.claim(run.id, "me")
+    claim = claim_run(runtime, run.id, "me")
     assert claim is not None
     set_heartbeat(runtime, run.id, timedelta(minutes=10))
     # Given the database is unreachable when the first heartbeats are due

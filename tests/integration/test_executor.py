@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from tests.helpers import MakeRuntime, Script, scripted_agent
+from tests.helpers import MakeRuntime, Script, claim_run, scripted_agent
 from tests.stub_provider import Reply, StubProvider, StubToolCall, error, reply
 from tracon_jobs.db.models import Run, ToolCallRecord
 from tracon_jobs.errors import RunTakenAway
@@ -143,12 +143,12 @@ def test_a_zombie_cannot_write_after_the_run_was_taken_away(
 ) -> None:
     runtime = make_runtime(sql_url, **scripted_agent([{"Text": "hi"}]))
     run_id = submit(runtime)
-    zombie = runtime.runs.claim(run_id, "worker-a")
+    zombie = claim_run(runtime, run_id, "worker-a")
     assert zombie is not None
     # Given the run was handed back and claimed by a new owner
     with runtime.db.write() as session:
         session.execute(update(Run).where(Run.id == run_id).values(status="Queued"))
-    owner = runtime.runs.claim(run_id, "worker-b")
+    owner = claim_run(runtime, run_id, "worker-b")
     assert owner is not None and owner.fence == zombie.fence + 1
 
     # Then every fenced write of the zombie fails, and its final write changes nothing

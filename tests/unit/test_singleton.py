@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 import redis
 
-from tracon_jobs.coordination.leases import MemoryLeaseStore, Singleton, singleton_task
+from tracon_jobs.coordination.leases import MemoryLeaseStore, Singleton
 
 NAME = "tracon.idempotency.purge"
 TTL = 60_000
@@ -197,42 +195,6 @@ def test_a_renewal_in_flight_during_release_all_does_not_bring_ownership_back(
     assert a.held() == []
 
 
-# -- run_exclusive and singleton_task --------------------------------------------------------
-
-
-def test_run_exclusive_runs_the_body_only_in_the_owner(store: FlakyStore, clock: Clock) -> None:
-    a, b = elector(store, clock, "a"), elector(store, clock, "b")
-    calls: list[str] = []
-
-    def body(who: str) -> Callable[[], str]:
-        def run() -> str:
-            calls.append(who)
-            return "done"
-
-        return run
-
-    assert a.run_exclusive(NAME, body("a")) == "done"
-    assert b.run_exclusive(NAME, body("b")) is None
-    assert calls == ["a"]
-
-
-@dataclass
-class FakeRuntime:
-    leases: Singleton
-
-
-def test_singleton_task_wraps_a_body_and_keeps_its_name(store: FlakyStore, clock: Clock) -> None:
-    owner, other = FakeRuntime(elector(store, clock, "a")), FakeRuntime(elector(store, clock, "b"))
-
-    def purge(days: int) -> int:
-        """Purge."""
-        return days * 2
-
-    assert singleton_task(owner, NAME)(purge)(3) == 6
-    assert singleton_task(other, NAME)(purge)(3) is None
-    assert singleton_task(owner, NAME)(purge).__name__ == "purge"
-
-
 # -- disabled ---------------------------------------------------------------------------------
 
 
@@ -245,7 +207,7 @@ def test_disabled_everyone_is_the_owner_and_the_store_is_never_touched(
     assert a.is_owner(NAME) and b.is_owner(NAME)
     clock.advance(10 * TTL)
     assert a.still_owner(NAME) and b.still_owner(NAME)
-    assert a.run_exclusive(NAME, lambda: 1) == 1 and b.run_exclusive(NAME, lambda: 2) == 2
+    assert a.is_owner(NAME) and b.is_owner(NAME)  # each runs every pass
 
 
 # -- validation and the real thread ------------------------------------------------------------

@@ -24,13 +24,12 @@ next renewal is refused (at most one renewal interval) while a new one may alrea
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import ParamSpec, Protocol, TypeVar
+from typing import Protocol
 
 import redis
 
@@ -38,8 +37,6 @@ from tracon_jobs.coordination.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-P = ParamSpec("P")
 Clock = Callable[[], int]
 """Milliseconds from an arbitrary origin; only differences are used."""
 
@@ -143,8 +140,9 @@ class MemoryLeaseStore:
 class Singleton:
     """Which singleton leases this process holds right now, kept fresh in the background.
 
-    `enabled=False` (the spec's default) makes every process the owner of everything, with
-    no store call and no thread: today's behaviour for a single process.
+    `enabled=False` (the reliability guide's default for SingletonExecution) makes every
+    process the owner of everything, with no store call and no thread: the behaviour of a
+    single process.
     """
 
     def __init__(
@@ -216,20 +214,6 @@ class Singleton:
             del self._deadlines[name]
         log.warning("lease %s ran out before it was renewed: %s stops as owner", name, self.owner)
         return False
-
-    def run_exclusive(self, name: str, fn: Callable[[], T]) -> T | None:
-        """`fn()` in the owner of `name`; None elsewhere (logged at debug).
-
-        Ownership is checked once, before `fn` starts. The lease can still be lost while
-        `fn` runs (a renewal fails, the process stalls past the expiry, Redis is flushed),
-        and nothing here interrupts `fn`: a body that works in batches must call
-        `still_owner(name)` between them (pass `functools.partial(singleton.still_owner,
-        name)` down) and stop as soon as it says False.
-        """
-        if not self.is_owner(name):
-            log.debug("not the owner of %s: %s skips this pass", name, self.owner)
-            return None
-        return fn()
 
     def refresh(self) -> None:
         """One background pass: renew each held lease, retry each wanted one that is free."""
@@ -335,31 +319,3 @@ def _release_at_exit(ref: weakref.ref[Singleton]) -> None:
     singleton = ref()
     if singleton is not None:
         singleton.release_all()
-
-
-# -- periodic task bodies ------------------------------------------------------------------
-
-
-class HasLeases(Protocol):
-    @property
-    def leases(self) -> Singleton: ...
-
-
-def singleton_task(
-    runtime: HasLeases, name: str
-) -> Callable[[Callable[P, T]], Callable[P, T | None]]:
-    """Run a periodic task body only in the process that owns lease `name`.
-
-    Put it under `@app.task`; elsewhere the task returns None. `runtime.leases` is read at
-    call time, so registering the task builds nothing. A body that works in batches asks
-    `runtime.leases.still_owner(name)` between them (see `Singleton.run_exclusive`).
-    """
-
-    def decorate(body: Callable[P, T]) -> Callable[P, T | None]:
-        @functools.wraps(body)
-        def exclusive(*args: P.args, **kwargs: P.kwargs) -> T | None:
-            return runtime.leases.run_exclusive(name, lambda: body(*args, **kwargs))
-
-        return exclusive
-
-    return decorate

@@ -278,6 +278,8 @@ class Ticket:
 
 
 class CircuitBreaker:
+    """One circuit per provider, shared by the cluster: admit, record, release (one script each)."""
+
     def __init__(
         self,
         store: BreakerStore,

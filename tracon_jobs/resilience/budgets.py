@@ -4,11 +4,12 @@ The totals live in a Redis hash changed only by Lua (so branches on different wo
 one total at once) and are rebuilt from SQL when Redis lost them: the runs of the tree
 (and of the runs a continuation continues) carry their own tokens and cost.
 
-Checks, as the spec orders them: tokens, cost and time before every model call (between
-two turns) and before every tool call; depth and child count before a new child run. A
-model call also reserves the tokens it may use, and the check counts the reservations of
-the tree's other in-flight calls, so concurrent branches overshoot a token limit by at
-most what their calls spend beyond their reservations (the spec's "bounded amount").
+Checks, in the order the reliability guide's AgentGraph section gives them: tokens, cost
+and time before every model call (between two turns) and before every tool call; depth
+and child count before a new child run. A model call also reserves the tokens it may use,
+and the check counts the reservations of the tree's other in-flight calls, so concurrent
+branches overshoot a token limit by at most what their calls spend beyond their
+reservations (the AgentGraph section's "bounded amount" for concurrent branches).
 """
 
 from __future__ import annotations

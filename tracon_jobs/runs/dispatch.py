@@ -51,6 +51,8 @@ def celery_sender(app: Celery) -> Sender:
 
 
 class RunDispatcher:
+    """Submits runs: the row first, then the message; a refused message fails the run."""
+
     def __init__(self, store: RunStore, send: Sender) -> None:
         self.store = store
         self.send = send

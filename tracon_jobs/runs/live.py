@@ -34,6 +34,8 @@ class _Live:
 
 
 class LiveRuns:
+    """The runs this process executes: one heartbeat writer and cancel delivery for all."""
+
     def __init__(
         self,
         store: RunStore,

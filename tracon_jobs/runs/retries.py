@@ -1,4 +1,5 @@
-"""Runtime retries of one tool execution, by side-effect class (spec 004).
+"""Runtime retries of one tool execution, by side-effect class (the runtime-retries guide's
+retry matrix).
 
 A re-attempt happens only when all hold: the policy allows re-attempts (`max_attempts`
 counts them, 0 = none), the error is retryable (a timeout, or `RetryableToolError`), the

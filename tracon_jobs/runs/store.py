@@ -183,6 +183,8 @@ def iso(value: datetime | None) -> str | None:
 
 
 class RunStore:
+    """Runs and their events in SQL; every executor write is guarded by the claim's fence."""
+
     def __init__(self, db: Database, feed: EventFeed | None = None) -> None:
         self.db = db
         self.feed = feed
@@ -257,11 +259,6 @@ class RunStore:
             return list(session.scalars(query))
 
     # -- the executor's fenced writes --------------------------------------------------
-
-    def claim(self, run_id: str, owner: str) -> Claim | None:
-        """`Queued` -> `Running` with a new fence; None when the row is in any other state."""
-        claimed = self.claim_and_load(run_id, owner)
-        return None if claimed is None else claimed[0]
 
     def claim_and_load(self, run_id: str, owner: str) -> tuple[Claim, Run] | None:
         """The claim and the claimed row, from the one guarded UPDATE ... RETURNING."""

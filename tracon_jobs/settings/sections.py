@@ -518,7 +518,3 @@ class Settings(ConfigModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise configuration_error(exc) from None  # the cause may quote a secret
-
-    def model_dump_public(self) -> dict[str, Any]:
-        """The configuration in its file shape, for display: secrets masked, durations as text."""
-        return self.model_dump(mode="json", by_alias=True)

@@ -1,0 +1,131 @@
+"""The import graph points one way: no circle among the modules of `tracon_jobs`, `web` and
+`beat_schedules`; nothing below `web` imports `web`, the command line or `beat_schedules`;
+domain code never takes the composition root; `coordination` is Redis-only.
+
+Read from the source with `ast` (every import, function-local and `TYPE_CHECKING` ones
+included), so a lazy import cannot hide a circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("tracon_jobs", "web", "beat_schedules")
+DOMAIN = (
+    "tracon_jobs.runs",
+    "tracon_jobs.resilience",
+    "tracon_jobs.coordination",
+    "tracon_jobs.providers",
+    "tracon_jobs.db",
+)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The project modules `name` imports (`from pkg import mod` counts as `pkg.mod`)."""
+    targets: set[str] = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package[: len(package) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            subs = {f"{base}.{alias.name}" for alias in node.names}
+            targets.update(sub for sub in subs if sub in known)
+            if not subs <= known.keys():
+                targets.add(base)
+    return {resolved for t in targets if (resolved := _owner(t, known)) and resolved != name}
+
+
+def _owner(target: str, known: dict[str, Path]) -> str | None:
+    while target and target not in known:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in edges[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in edges:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle() -> None:
+    assert cycles(graph()) == []
+
+
+def test_nothing_below_the_entry_points_imports_them() -> None:
+    upward = {
+        name: sorted(
+            t for t in targets if t.startswith(("web", "beat_schedules", "tracon_jobs.cli"))
+        )
+        for name, targets in graph().items()
+        if name.startswith("tracon_jobs") and not name.startswith("tracon_jobs.cli")
+    }
+    assert {name: found for name, found in upward.items() if found} == {}
+
+
+def test_domain_code_never_takes_the_composition_root() -> None:
+    bag = [
+        name
+        for name, targets in graph().items()
+        if name.startswith(DOMAIN) and "tracon_jobs.runtime" in targets
+    ]
+    assert bag == []
+
+
+def test_coordination_is_redis_only() -> None:
+    outside = {
+        name: sorted(t for t in targets if not t.startswith("tracon_jobs.coordination"))
+        for name, targets in graph().items()
+        if name.startswith("tracon_jobs.coordination")
+    }
+    assert {name: found for name, found in outside.items() if found} == {}
+
+
+def test_the_reader_sees_a_circle_when_there_is_one() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
