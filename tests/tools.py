@@ -145,3 +145,11 @@ def approved_refund(order: str, *, context: ToolContext) -> str:
     if first:
         raise RetryableToolError("payment service busy")
     return f"refunded {order}"
+
+
+@tool(side_effect="destructive", requires_approval=True, timeout_ms=120_000)
+def slow_gated_wipe(seconds: float, *, context: ToolContext) -> str:
+    """A gated destructive tool that takes its time once approved (counted in a file)."""
+    _append("slow_gated_wipe", context.execution_id)
+    context.signal.wait(seconds)
+    return "wiped"

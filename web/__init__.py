@@ -20,6 +20,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
         approvals,
         draining,
         health,
+        metrics,
         openai_compat,
         openapi,
         operations,
@@ -32,6 +33,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
     if test_config:
         app.config.update(test_config)
     app.extensions["tracon"] = runtime or Runtime(load_settings())
+    app.extensions["tracon_metrics"] = metrics.approval_registry(app.extensions["tracon"].db)
     problems.init_app(app)
     draining.init_app(app)
     app.register_blueprint(health.bp)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
@@ -44,4 +44,6 @@ def _check_redis() -> bool:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    return Response(generate_latest(), mimetype=CONTENT_TYPE_LATEST)
+    """The process's own metrics, then those computed from SQL at scrape time."""
+    body = generate_latest() + generate_latest(current_app.extensions["tracon_metrics"])
+    return Response(body, mimetype=CONTENT_TYPE_LATEST)

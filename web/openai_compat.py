@@ -18,9 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from werkzeug.exceptions import HTTPException
 
 from tracon_jobs.db.models import Run
+from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun
 from web.auth import require_tenant, tenant_id
-from web.buffered import ending, run_location, wait_for_end
+from web.buffered import ending, run_location, run_view, wait_for_end
 from web.extensions import runtime
 from web.idempotency import idempotent, remember_run
 from web.openai_shapes import (
@@ -168,12 +169,28 @@ def answer(run: Run, model: str, shape: Shape) -> Answer:
         headers = {"Location": run_location(run.id), "Preference-Applied": "respond-async"}
         return jsonify(shape(run, model)), 202, headers
     run = wait_for_end(run.id)
+    if run.status == RunStatus.WAITING.value:
+        return waiting_answer(run)
     end = ending(run)
     if not end.ok:
         message = run.error_message or f"the run ended {run.status}"
         title = HTTPStatus(end.status).phrase
         raise Problem(end.status, title, message, headers=end.headers, code=run.error_type)
     return jsonify(shape(run, model)), end.status, end.headers
+
+
+def waiting_answer(run: Run) -> Answer:
+    """A run that waits for a person: 202 naming it and the approvals it waits for (the
+    OpenAI object only exists once the run ends; nobody can tell how long that takes)."""
+    location = run_location(run.id)
+    body = {
+        "id": run.id,
+        "object": "tracon.run",
+        "status": "waiting",
+        "pendingApprovals": run_view(run)["pendingApprovals"],
+        "location": location,
+    }
+    return jsonify(body), 202, {"Location": location, "X-Tracon-Run-Id": run.id}
 
 
 def chat_stream(run: Run, model: str, include_usage: bool) -> Iterator[str]:

@@ -53,6 +53,53 @@ RUN_SCHEMA: dict[str, Any] = {
         "heartbeatAt": {"type": ["string", "null"]},
         "cancelRequestedAt": {"type": ["string", "null"]},
         "attempts": {"type": "array", "items": {"type": "object"}},
+        "pendingApprovals": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "ids of the approvals a Waiting run waits for (else empty)",
+        },
+    },
+}
+
+APPROVAL_STATUSES = ["Pending", "Approved", "Rejected", "Expired", "Canceled"]
+APPROVAL_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+APPROVAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "runId", "tool", "status", "requestedAt", "expiresAt"],
+    "properties": {
+        "id": {"type": "string"},
+        "runId": {"type": "string"},
+        "tool": {"type": "string"},
+        "callId": {"type": "string"},
+        "arguments": {"type": "object"},
+        "executionId": {"type": "string"},
+        "status": {"enum": APPROVAL_STATUSES},
+        "requestedAt": {"type": "string"},
+        "expiresAt": {"type": "string"},
+        "decidedAt": {"type": ["string", "null"]},
+        "decidedBy": {"type": ["string", "null"]},
+        "comment": {"type": ["string", "null"]},
+        "consumedAt": {"type": ["string", "null"]},
+    },
+}
+DECISION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["approve"],
+    "additionalProperties": False,
+    "properties": {
+        "approve": {"type": "boolean"},
+        "comment": {"type": "string", "maxLength": 2000},
+    },
+}
+WAITING_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "a /v1 answer for a run that waits for a person (202, Location)",
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "tracon.run"},
+        "status": {"const": "waiting"},
+        "pendingApprovals": {"type": "array", "items": {"type": "string"}},
+        "location": {"type": "string"},
     },
 }
 
@@ -76,7 +123,15 @@ OPENAI_ERROR = {"description": 'OpenAI error shape: {"error": {"message", "type"
 def _openai_op(summary: str) -> dict[str, Any]:
     responses = {
         "200": {"description": "the OpenAI object, or text/event-stream with stream: true"},
-        "202": {"description": "the run is still going (Runs.BufferedWaitTimeout); Location"},
+        "202": {
+            "description": (
+                "the run is still going (Runs.BufferedWaitTimeout), or it waits for a person:"
+                " then a tracon.run object, Location and X-Tracon-Run-Id"
+            ),
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/WaitingRun"}}
+            },
+        },
         **{status: OPENAI_ERROR for status in ("400", "401", "404", "429", "502", "503")},
         **IDEMPOTENCY_RESPONSES,
     }
@@ -95,6 +150,50 @@ OPENAI_PATHS: dict[str, Any] = {
 }
 
 
+APPROVAL_PATHS: dict[str, Any] = {
+    "/api/approvals": {
+        "get": _op(
+            "List the tenant's approvals, newest first",
+            {"200": {"description": "a page of approvals with nextCursor"}, "400": PROBLEM},
+            parameters=[
+                {"name": "status", "in": "query", "schema": {"enum": APPROVAL_STATUSES}},
+                {"name": "runId", "in": "query", "schema": {"type": "string"}},
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+                },
+                {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+            ],
+        )
+    },
+    "/api/approvals/{id}": {
+        "get": _op(
+            "An approval", {"200": _json("Approval", "the approval")}, parameters=[APPROVAL_ID]
+        )
+    },
+    "/api/approvals/{id}/decision": {
+        "post": _op(
+            "Approve or reject a pending approval (once; accepted while the node drains)",
+            {
+                "200": _json("Approval", "the decided approval"),
+                "400": PROBLEM,
+                "409": PROBLEM,
+                "422": IDEMPOTENCY_RESPONSES["422"],
+                "501": IDEMPOTENCY_RESPONSES["501"],
+            },
+            parameters=[APPROVAL_ID, IDEMPOTENCY_KEY],
+            requestBody={
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Decision"}}
+                },
+            },
+        )
+    },
+}
+
+
 def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -106,7 +205,11 @@ def document() -> dict[str, Any]:
                     "Submit an agent run (SSE by default; Prefer: respond-async for 202)",
                     {
                         "200": {"description": "text/event-stream of the run's events"},
-                        "202": _json("Accepted", "Queued; Location names the run"),
+                        "202": _json(
+                            "Accepted",
+                            "Queued; Location names the run (with Idempotency-Key: the run"
+                            " JSON of a run still going or waiting for a person)",
+                        ),
                         "400": PROBLEM,
                         "503": PROBLEM,
                         **IDEMPOTENCY_RESPONSES,
@@ -180,6 +283,7 @@ def document() -> dict[str, Any]:
                     parameters=[RUN_ID],
                 )
             },
+            **APPROVAL_PATHS,
             **OPENAI_PATHS,
             "/healthz": {
                 "get": {
@@ -210,6 +314,9 @@ def document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "Run": RUN_SCHEMA,
+                "Approval": APPROVAL_SCHEMA,
+                "Decision": DECISION_SCHEMA,
+                "WaitingRun": WAITING_SCHEMA,
                 "RunRequest": {
                     "type": "object",
                     "required": ["message"],

@@ -270,3 +270,6 @@ def test_health_readiness_and_openapi(client: FlaskClient) -> None:
     spec = client.get("/openapi.json").get_json()
     assert spec["openapi"].startswith("3.1")
     assert "/api/agents/{name}/run" in spec["paths"]
+    assert {"/api/approvals", "/api/approvals/{id}", "/api/approvals/{id}/decision"} <= set(
+        spec["paths"]
+    )

@@ -1,17 +1,19 @@
-"""The operator commands: tenants and API keys, runs, circuits, idempotency records and
-draining the local web node. They read and write through the core's stores, never the web."""
+"""The operator commands: tenants and API keys, runs, circuits, idempotency records,
+approvals and draining the local web node. They read and write through the core's stores,
+never the web."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.cli.context import CommandError, load_runtime
 from tracon_jobs.drain import start_web_drain
 from tracon_jobs.resilience.views import circuits_view
 
 if TYPE_CHECKING:
+    from tracon_jobs.db.models import Approval
     from tracon_jobs.runtime import Runtime
 
 
@@ -116,3 +118,77 @@ def cmd_idempotency_release(args: argparse.Namespace, rest: list[str]) -> int:
         raise CommandError(f"no InProgress record for key '{args.key}' of tenant '{args.tenant}'")
     print(f"released key '{args.key}' of tenant '{args.tenant}': a retry will execute")
     return 0
+
+
+APPROVAL_HEADER = (
+    f"{'id':<36}  {'status':<8}  {'tool':<20}  {'run':<36}  {'requested':<19}  expires"
+)
+
+
+def _approval_line(approval: Approval) -> str:
+    return (
+        f"{approval.id:<36}  {approval.status:<8}  {approval.tool:<20}  {approval.run_id:<36}"
+        f"  {approval.requested_at:%Y-%m-%d %H:%M:%S}  {approval.expires_at:%Y-%m-%d %H:%M:%S}"
+    )
+
+
+def _approval_status(raw: str | None) -> str | None:
+    from tracon_jobs.runs.approvals import ApprovalStatus
+
+    if raw is None:
+        return None
+    for status in ApprovalStatus:
+        if status.value.lower() == raw.lower():
+            return status.value
+    names = ", ".join(status.value for status in ApprovalStatus)
+    raise CommandError(f"no approval status '{raw}' (one of {names})")
+
+
+def cmd_approvals_list(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant) if args.tenant else None
+    approvals = runtime.approval_store.page(
+        tenant_id,
+        status=_approval_status(args.status),
+        run_id=args.run,
+        limit=args.limit,
+        before=None,
+    )
+    print(APPROVAL_HEADER)
+    for approval in approvals:
+        print(_approval_line(approval))
+    return 0
+
+
+def cmd_approvals_decide(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.runs.approvals import ApprovalConflict, ApprovalNotFound
+
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant)
+    try:
+        decided = runtime.approvals.decide(
+            tenant_id, args.approval_id, args.approve, args.comment, decided_by="cli"
+        )
+    except ApprovalNotFound:
+        raise CommandError(f"no approval '{args.approval_id}' of tenant '{args.tenant}'") from None
+    except ApprovalConflict as conflict:
+        raise CommandError(f"approval '{args.approval_id}' cannot be decided: {conflict}") from None
+    print(json.dumps(_approval_view(decided.approval), indent=2, default=str))
+    return 0
+
+
+def _approval_view(approval: Approval) -> dict[str, Any]:
+    from tracon_jobs.runs.store import iso
+
+    return {
+        "id": approval.id,
+        "runId": approval.run_id,
+        "tool": approval.tool,
+        "arguments": approval.arguments,
+        "status": approval.status,
+        "requestedAt": iso(approval.requested_at),
+        "expiresAt": iso(approval.expires_at),
+        "decidedAt": iso(approval.decided_at),
+        "decidedBy": approval.decided_by,
+        "comment": approval.comment,
+    }

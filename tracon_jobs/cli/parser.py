@@ -11,6 +11,8 @@ from typing import Any
 
 from tracon_jobs.cli.dev import cmd_dev
 from tracon_jobs.cli.operations import (
+    cmd_approvals_decide,
+    cmd_approvals_list,
     cmd_circuits,
     cmd_drain,
     cmd_idempotency_list,
@@ -72,7 +74,29 @@ def build_parser() -> argparse.ArgumentParser:
     rshow.add_argument("run_id")
     rshow.set_defaults(handler=cmd_runs_show, passthrough=False)
     add_idempotency_commands(command)
+    add_approval_commands(command)
     return parser
+
+
+def add_approval_commands(command: Any) -> None:
+    """`approvals list [--tenant T] [--status S] [--run ID]` and
+    `approvals decide ID --approve|--reject [--comment TEXT] --tenant T`."""
+    group = command("approvals", _usage, "list and decide approvals of tool calls")
+    asub = group.add_subparsers(metavar="action")
+    alist = asub.add_parser("list", help="list approvals, newest first")
+    alist.add_argument("--tenant", help="only this tenant (name or id)")
+    alist.add_argument("--status", help="Pending, Approved, Rejected, Expired or Canceled")
+    alist.add_argument("--run", help="only the approvals of this run")
+    alist.add_argument("--limit", type=int, default=50)
+    alist.set_defaults(handler=cmd_approvals_list, passthrough=False)
+    decide = asub.add_parser("decide", help="approve or reject a pending approval (once)")
+    decide.add_argument("approval_id")
+    verdict = decide.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--approve", dest="approve", action="store_true")
+    verdict.add_argument("--reject", dest="approve", action="store_false")
+    decide.add_argument("--comment")
+    decide.add_argument("--tenant", required=True, help="tenant name or id")
+    decide.set_defaults(handler=cmd_approvals_decide, passthrough=False)
 
 
 def add_idempotency_commands(command: Any) -> None:

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, func, insert, or_, select, update
+from sqlalchemy import Table, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from tracon_jobs.db import Database
@@ -363,27 +363,24 @@ class ApprovalStore:
 
     def page(
         self,
-        tenant_id: str,
+        tenant_id: str | None,
         *,
         status: str | None,
         run_id: str | None,
         limit: int,
         before: tuple[datetime, str] | None,
     ) -> list[Approval]:
-        """Newest first; `before` is the (requested_at, id) of the last row of the prior page."""
-        query = select(Approval).where(Approval.tenant_id == tenant_id)
+        """Newest first; `before` is the (requested_at, id) of the last row of the prior page.
+        A `tenant_id` of None lists every tenant's (operators only, never the web)."""
+        query = select(Approval)
+        if tenant_id is not None:
+            query = query.where(Approval.tenant_id == tenant_id)
         if status:
             query = query.where(Approval.status == status)
         if run_id:
             query = query.where(Approval.run_id == run_id)
-        if before is not None:
-            requested, approval_id = before
-            query = query.where(
-                or_(
-                    Approval.requested_at < requested,
-                    and_(Approval.requested_at == requested, Approval.id < approval_id),
-                )
-            )
+        if before is not None:  # a row comparison, so the index seeks to the cursor
+            query = query.where(tuple_(Approval.requested_at, Approval.id) < tuple_(*before))
         query = query.order_by(Approval.requested_at.desc(), Approval.id.desc()).limit(limit)
         with self.db.read() as session:
             return list(session.scalars(query))
