@@ -7,14 +7,11 @@ worker takes it, as the reliability guide's drain rules say of approval decision
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tracon_jobs.db.models import Approval
 from tracon_jobs.runs.approvals import ApprovalConflict, ApprovalNotFound, ApprovalStatus
-from tracon_jobs.runs.store import iso
+from tracon_jobs.runs.views import approval_json
 from web.auth import key_prefix, require_tenant, tenant_id
 from web.extensions import runtime
 from web.idempotency import idempotent
@@ -32,24 +29,6 @@ class Decision(BaseModel):
 
     approve: bool = Field(strict=True)
     comment: str | None = Field(default=None, max_length=2000)
-
-
-def approval_json(approval: Approval) -> dict[str, Any]:
-    return {
-        "id": approval.id,
-        "runId": approval.run_id,
-        "tool": approval.tool,
-        "callId": approval.call_id,
-        "arguments": approval.arguments,
-        "executionId": approval.execution_id,
-        "status": approval.status,
-        "requestedAt": iso(approval.requested_at),
-        "expiresAt": iso(approval.expires_at),
-        "decidedAt": iso(approval.decided_at),
-        "decidedBy": approval.decided_by,
-        "comment": approval.comment,
-        "consumedAt": iso(approval.consumed_at),
-    }
 
 
 @bp.get("/approvals")

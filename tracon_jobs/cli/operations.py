@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tracon_jobs.cli.context import CommandError, load_runtime
 from tracon_jobs.drain import start_web_drain
@@ -162,6 +162,7 @@ def cmd_approvals_list(args: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_approvals_decide(args: argparse.Namespace, rest: list[str]) -> int:
     from tracon_jobs.runs.approvals import ApprovalConflict, ApprovalNotFound
+    from tracon_jobs.runs.views import approval_json
 
     runtime = load_runtime()
     tenant_id = _tenant(runtime, args.tenant)
@@ -173,22 +174,5 @@ def cmd_approvals_decide(args: argparse.Namespace, rest: list[str]) -> int:
         raise CommandError(f"no approval '{args.approval_id}' of tenant '{args.tenant}'") from None
     except ApprovalConflict as conflict:
         raise CommandError(f"approval '{args.approval_id}' cannot be decided: {conflict}") from None
-    print(json.dumps(_approval_view(decided.approval), indent=2, default=str))
+    print(json.dumps(approval_json(decided.approval), indent=2, default=str))
     return 0
-
-
-def _approval_view(approval: Approval) -> dict[str, Any]:
-    from tracon_jobs.runs.store import iso
-
-    return {
-        "id": approval.id,
-        "runId": approval.run_id,
-        "tool": approval.tool,
-        "arguments": approval.arguments,
-        "status": approval.status,
-        "requestedAt": iso(approval.requested_at),
-        "expiresAt": iso(approval.expires_at),
-        "decidedAt": iso(approval.decided_at),
-        "decidedBy": approval.decided_by,
-        "comment": approval.comment,
-    }

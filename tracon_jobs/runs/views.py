@@ -1,10 +1,11 @@
-"""The public JSON shape of a run (the contract's "The run"), shared by HTTP and the CLI."""
+"""The public JSON shapes of a run (the contract's "The run") and of an approval, shared by
+HTTP and the CLI."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tracon_jobs.db.models import Run
+from tracon_jobs.db.models import Approval, Run
 from tracon_jobs.runs.store import iso
 
 
@@ -49,4 +50,22 @@ def run_json(
         "heartbeatAt": iso(run.heartbeat_at),
         "cancelRequestedAt": iso(run.cancel_requested_at),
         "pendingApprovals": pending_approvals or [],
+    }
+
+
+def approval_json(approval: Approval) -> dict[str, Any]:
+    return {
+        "id": approval.id,
+        "runId": approval.run_id,
+        "tool": approval.tool,
+        "callId": approval.call_id,
+        "arguments": approval.arguments,
+        "executionId": approval.execution_id,
+        "status": approval.status,
+        "requestedAt": iso(approval.requested_at),
+        "expiresAt": iso(approval.expires_at),
+        "decidedAt": iso(approval.decided_at),
+        "decidedBy": approval.decided_by,
+        "comment": approval.comment,
+        "consumedAt": iso(approval.consumed_at),
     }
