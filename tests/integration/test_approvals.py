@@ -246,3 +246,50 @@ def test_a_consumed_approval_never_runs_a_body_again(
     assert runtime.executor.execute(run_id) == "Completed"
     assert closes() == []
     assert "approval_used" in tool_result(runtime, run_id)[0]
+
+
+def test_the_event_says_when_the_approval_expires(make_runtime: MakeRuntime, sql_url: str) -> None:
+    runtime, run_id, approval_id = waiting(make_runtime, sql_url)
+    approval = runtime.approval_store.get(approval_id)
+    assert approval is not None
+
+    [requested] = [e for e in runtime.runs.events(run_id) if e.type == "ApprovalRequested"]
+
+    assert requested.data["approvalId"] == approval_id
+    assert (
+        requested.data["expiresAt"] == approval.expires_at.isoformat(timespec="milliseconds") + "Z"
+    )
+
+
+def test_time_spent_waiting_does_not_count_toward_max_duration(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    # Given a tree allowed 0.4 s of execution, waiting 0.6 s for a person
+    runtime, run_id, approval_id = waiting(
+        make_runtime, sql_url, AgentGraph={"MaxDuration": "00:00:00.400"}
+    )
+    threading.Event().wait(0.6)
+
+    # When the person approves and the run goes on
+    runtime.approvals.decide(runtime.tenants.ensure_tenant("acme"), approval_id, True)
+
+    # Then its next model call is not refused for time it spent waiting
+    assert runtime.executor.execute(run_id) == "Completed"
+    run = runtime.runs.get(run_id)
+    assert run is not None and run.waited_ms >= 600
+    assert closes() == [{"account": "acc-1"}]
+
+
+def test_without_excluding_the_wait_the_same_tree_would_be_refused(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    """The control for the test above: a tree that really executed past MaxDuration stops."""
+    script: Script = [
+        {"ToolCalls": [{"Name": "slow_tool", "Arguments": {"seconds": 0.25}}]},
+        {"ToolCalls": [{"Name": "slow_tool", "Arguments": {"seconds": 0.25}}]},
+        {"Text": "never"},
+    ]
+    config = scripted_agent(script, ["slow_tool"])
+    runtime = make_runtime(sql_url, AgentGraph={"MaxDuration": "00:00:00.400"}, **config)
+
+    assert runtime.executor.execute(submit(runtime)) == "Failed"

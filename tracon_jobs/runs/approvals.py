@@ -32,7 +32,7 @@ from tracon_jobs.errors import EnqueueError, RunTakenAway
 from tracon_jobs.resilience.budgets import BudgetStore
 from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
-from tracon_jobs.runs.store import Event, RunStore
+from tracon_jobs.runs.store import Event, RunStore, iso
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,12 @@ class ApprovalStore:
         ids = [str(uuid.uuid4()) for _ in requests]
         events: list[Event] = []
         with self.db.write() as session:
+            now = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
+            tenant = session.execute(
+                select(RUNS.c.tenant_id).where(RUNS.c.id == claim.run_id)
+            ).scalar_one()
             for approval_id, request in zip(ids, requests, strict=True):
-                events.append(self._request(session, claim, approval_id, request))
+                events.append(self._request(session, claim, tenant, approval_id, request, now))
             events.append(self.runs.append_in(session, claim, "RunWaiting", {"approvals": ids}))
             changed = session.execute(
                 update(RUNS)
@@ -130,20 +134,25 @@ class ApprovalStore:
         return ids
 
     def _request(
-        self, session: Session, claim: Claim, approval_id: str, request: ApprovalRequest
+        self,
+        session: Session,
+        claim: Claim,
+        tenant: str,
+        approval_id: str,
+        request: ApprovalRequest,
+        now: datetime,
     ) -> Event:
         execution_id = str(uuid.uuid4())
+        expires_at = now + self.timeout
         data = {
             "approvalId": approval_id,
             "tool": request.tool,
             "callId": request.call_id,
             "arguments": request.arguments,
             "executionId": execution_id,
+            "expiresAt": iso(expires_at),
         }
         event = self.runs.append_in(session, claim, "ApprovalRequested", data)
-        expires_at = event.at + self.timeout
-        data["expiresAt"] = expires_at.isoformat(timespec="milliseconds") + "Z"
-        tenant = session.scalar(select(RUNS.c.tenant_id).where(RUNS.c.id == claim.run_id))
         session.execute(
             insert(APPROVALS).values(
                 id=approval_id,
@@ -156,7 +165,7 @@ class ApprovalStore:
                 args_hash=request.args_hash,
                 execution_id=execution_id,
                 status=ApprovalStatus.PENDING.value,
-                requested_at=event.at,
+                requested_at=now,
                 expires_at=expires_at,
             )
         )
