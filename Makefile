@@ -12,8 +12,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/tracon-jobs dev
+run: $(STAMP)  # make run PORT=8001 FLOWER_PORT=5556, or ARGS="--port 8001"
+	$(BIN)/tracon-jobs dev $(if $(PORT),--port $(PORT)) $(if $(FLOWER_PORT),--flower-port $(FLOWER_PORT)) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

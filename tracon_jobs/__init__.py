@@ -1,7 +1,8 @@
 """tracon-jobs: a reliability control plane for LLM agent runs on Celery."""
 
 from tracon_jobs.agents.tools import ToolContext, tool
+from tracon_jobs.workflows import WorkflowContext, workflow
 
 __version__ = "0.1.0"
 
-__all__ = ["ToolContext", "__version__", "tool"]
+__all__ = ["ToolContext", "WorkflowContext", "__version__", "tool", "workflow"]

@@ -4,24 +4,135 @@ Correctness never rests on the broker: prefetch is 1, messages are acknowledged 
 task starts (a crashed run is reconciled from SQL, not redelivered), duplicates are
 dropped by the guarded claim, and unclaimed runs are re-sent by the requeue task. The
 periodic tasks are added by `beat_schedules.install` in the processes that run them.
+
+What Flower shows is the run's truth: the message carries `run_id`, `agent` and `tenant`
+as keyword arguments (positional `[run_id]` messages still work), a run that ends `Failed`
+makes its task fail with the run's error (`RunEndedFailed`, an expected exception: no
+retry, no traceback in the log), and one that ends `Canceled` shows as revoked.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
+from celery.exceptions import Ignore
+from celery.signals import after_setup_logger, worker_init
 from kombu import Queue
+from sqlalchemy import select
 
-from tracon_jobs.runs.dispatch import EXECUTE_TASK, RUNS_QUEUE
+from tracon_jobs import logs, metrics
+from tracon_jobs.db import Database
+from tracon_jobs.db.models import Run, Tenant
+from tracon_jobs.runs.dispatch import EXECUTE_TASK, RUNS_QUEUE, label_runs_with
 from tracon_jobs.settings import Settings
+
+log = logging.getLogger(__name__)
 
 CONTROL_QUEUE = "tracon.control"
 """The queue of the periodic tasks, apart from runs so a backlog never delays a scan."""
 
 
-def create_celery(settings: Settings, execute: Callable[[str], str]) -> Celery:
-    """The app of one process; `execute(run_id)` is the body of `tracon.runs.execute`."""
+@dataclass(frozen=True)
+class RunSummary:
+    """What the task and the sender need to know of a run: its labels and its outcome."""
+
+    run_id: str
+    agent: str
+    tenant: str  # the tenant's name
+    status: str
+    error_type: str | None = None
+    error_message: str | None = None
+
+    @property
+    def error(self) -> str:
+        if self.error_type and self.error_message:
+            return f"{self.error_type}: {self.error_message}"
+        return self.error_type or self.error_message or self.status
+
+
+Describe = Callable[[str], RunSummary | None]
+
+
+def describe_runs(db: Database) -> Describe:
+    """`describe(run_id)`: one primary-key read of the run and its tenant's name."""
+
+    def describe(run_id: str) -> RunSummary | None:
+        query = (
+            select(Run.agent, Tenant.name, Run.status, Run.error_type, Run.error_message)
+            .join(Tenant, Tenant.id == Run.tenant_id)
+            .where(Run.id == run_id)
+        )
+        with db.read() as session:
+            row = session.execute(query).first()
+        if row is None:
+            return None
+        agent, tenant, status, error_type, error_message = row
+        return RunSummary(run_id, agent, tenant, status, error_type, error_message)
+
+    return describe
+
+
+class RunEndedFailed(Exception):
+    """The run this task executed ended `Failed`; the message is the run's error."""
+
+
+class RunEndedCanceled(Exception):
+    """The run this task executed ended `Canceled` (reported as a revoked task)."""
+
+
+def run_task(
+    execute: Callable[[str], str],
+    describe: Describe | None,
+    run_id: str,
+    agent: str | None = None,
+    tenant: str | None = None,
+) -> str:
+    """The body of `tracon.runs.execute`: execute the run under its log context, record
+    its metrics, and raise `RunEndedFailed`/`RunEndedCanceled` once the run is closed."""
+    started = time.monotonic()
+    with logs.run_context(run_id, tenant, agent):
+        status = execute(run_id)
+    seconds = time.monotonic() - started
+    summary: RunSummary | None = None
+    if status in ("Failed", "Canceled") or (agent is None and status in ("Completed", "Waiting")):
+        summary = _describe(describe, run_id)
+    metrics.run_finished(status, agent or (summary.agent if summary else "unknown"), seconds)
+    if status == "Failed":
+        raise RunEndedFailed(summary.error if summary else "the run failed")
+    if status == "Canceled":
+        raise RunEndedCanceled(summary.error if summary else "the run was canceled")
+    return status
+
+
+def _describe(describe: Describe | None, run_id: str) -> RunSummary | None:
+    if describe is None:
+        return None
+    try:
+        return describe(run_id)
+    except Exception as exc:  # the run is closed already: a failed read only loses detail
+        log.warning("run %s: could not read its outcome for the task: %s", run_id, exc)
+        return None
+
+
+def create_celery(
+    settings: Settings,
+    execute: Callable[[str], str],
+    *,
+    describe: Describe | None = None,
+    draining: threading.Event | None = None,
+) -> Celery:
+    """The app of one process; `execute(run_id)` is the body of `tracon.runs.execute`.
+
+    `describe(run_id)` (e.g. `describe_runs(db)`) gives a failed run's error to its task,
+    and each sent message its agent and tenant; `draining` is reported by the worker's
+    metrics endpoint (`TRACON_WORKER_METRICS_PORT`).
+    """
     app = Celery("tracon", broker=settings.redis.url, set_as_current=False)
     app.conf.update(
         task_queues=[Queue(RUNS_QUEUE), Queue(CONTROL_QUEUE)],
@@ -43,11 +154,67 @@ def create_celery(settings: Settings, execute: Callable[[str], str]) -> Celery:
         broker_transport_options={"visibility_timeout": 3600},
         timezone="UTC",
     )
+    if describe is not None:
+        label_runs_with(app, lambda run_id: _labels(describe, run_id))
 
     # shared=False: a shared task is copied into every Celery app created later in the
     # process, so a second app would run this closure over the first one's services.
-    @app.task(name=EXECUTE_TASK, ignore_result=True, shared=False)
-    def execute_run(run_id: str) -> str:
-        return execute(run_id)
+    # throws: a run that ended Failed is an expected outcome, logged without a traceback.
+    @app.task(
+        name=EXECUTE_TASK,
+        ignore_result=True,
+        shared=False,
+        bind=True,
+        throws=(RunEndedFailed,),
+        max_retries=0,
+    )
+    def execute_run(
+        task: Task, run_id: str, agent: str | None = None, tenant: str | None = None
+    ) -> str:
+        try:
+            return run_task(execute, describe, run_id, agent, tenant)
+        except RunEndedCanceled as canceled:
+            _report_revoked(task, str(canceled))
+            raise Ignore() from None  # no task-succeeded/-failed event after the revoked one
 
+    _install_worker_hooks(app, draining)
     return app
+
+
+def _labels(describe: Describe, run_id: str) -> tuple[str, str] | None:
+    summary = describe(run_id)
+    return None if summary is None else (summary.agent, summary.tenant)
+
+
+def _report_revoked(task: Task, reason: str) -> None:
+    """A `task-revoked` event, as Celery sends for a revoked task, with the run's reason."""
+    if task.request.called_directly or not task.request.id:
+        return
+    try:
+        task.send_event(
+            "task-revoked",
+            terminated=False,
+            signum=None,
+            expired=False,
+            exception=f"RunEndedCanceled({reason!r})",
+        )
+    except Exception as exc:  # the run is closed: a lost event only costs Flower's view
+        log.warning("task-revoked event not sent: %s", exc)
+
+
+def _install_worker_hooks(app: Celery, draining: threading.Event | None) -> None:
+    """In a worker of `app` only: run-aware logging, and the metrics port when configured."""
+
+    def on_init(sender: Any = None, **_kwargs: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        logs.install()
+        metrics.start_worker_server(draining)
+
+    worker_init.connect(on_init, weak=False)
+
+
+@after_setup_logger.connect
+def _on_logging_setup(**_kwargs: Any) -> None:
+    """Celery's logging setup may add a root handler after ours: give it the run fields."""
+    logs.install()

@@ -65,6 +65,9 @@ def start_embedded(directory: Path, port: int | None = None) -> EmbeddedRedis:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # Its own session: a terminal's Ctrl-C must not stop it before the processes that
+        # use it have stopped; whoever started it stops it (`EmbeddedRedis.stop`).
+        start_new_session=True,
     )
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 10

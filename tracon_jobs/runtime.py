@@ -21,7 +21,7 @@ from redis.retry import Retry
 
 from tracon_jobs.agents.tools import ToolRegistry
 from tracon_jobs.agents.tools import registry as default_tools
-from tracon_jobs.celery_app import CONTROL_QUEUE, create_celery
+from tracon_jobs.celery_app import CONTROL_QUEUE, create_celery, describe_runs
 from tracon_jobs.coordination.cancellation import RedisCancelBus
 from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
 from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
@@ -43,6 +43,11 @@ from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import SubAgents
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
+from tracon_jobs.workflows.registry import WorkflowRegistry
+from tracon_jobs.workflows.registry import registry as default_workflows
+from tracon_jobs.workflows.resume import WorkflowResumes
+from tracon_jobs.workflows.runner import WorkflowRunner
+from tracon_jobs.workflows.store import WorkflowStore
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,7 @@ class Runtime:
         tools: ToolRegistry | None = None,
         sender: Sender | None = None,
         sleep: Sleep | None = None,
+        workflows: WorkflowRegistry | None = None,
     ) -> None:
         self.settings = settings
         self.db = Database(settings.database.url, pool_size=settings.worker.concurrency + 5)
@@ -78,8 +84,11 @@ class Runtime:
         self.draining = threading.Event()  # set once a graceful stop began
         self.sleep = sleep  # tool retry backoff; tests pass one that does not wait
         self.dispatcher = RunDispatcher(self.runs, sender or self._send_with_celery)
+        self.workflow_registry = workflows or default_workflows
         import_tool_modules(settings.tool_modules)
+        import_modules("WorkflowModules", settings.workflow_modules)
         check_agent_tools(settings, self.tools)
+        check_workflow_settings(settings)
 
     def send_runs_with(self, sender: Sender) -> None:
         """Send run messages through `sender` instead of Celery (tests run them in threads)."""
@@ -95,7 +104,12 @@ class Runtime:
     @cached_property
     def celery(self) -> Celery:
         """The Celery app, with the run task; `beat_schedules.install` adds the periodic ones."""
-        app = create_celery(self.settings, self.executor.execute)
+        app = create_celery(
+            self.settings,
+            self.executor.execute,
+            describe=describe_runs(self.db),
+            draining=self.draining,
+        )
         queues = [RUNS_QUEUE, CONTROL_QUEUE]
         WorkerDrain(app, self.settings.drain, self.draining, self.live_runs, queues).install()
         return app
@@ -164,6 +178,7 @@ class Runtime:
             self.live_runs,
             self.subagents,
             self.approval_store,
+            workflows=self.workflow_runner,
             owner_id=self.owner_id,
             draining=self.draining,
             sleep=self.sleep,
@@ -185,13 +200,34 @@ class Runtime:
         )
 
     @cached_property
+    def workflow_store(self) -> WorkflowStore:
+        return WorkflowStore(self.runs)
+
+    @cached_property
+    def workflow_runner(self) -> WorkflowRunner:
+        return WorkflowRunner(
+            self.settings,
+            self.runs,
+            self.workflow_store,
+            self.workflow_registry,
+            self.budgets,
+            self.subagents,
+            lambda run_id: self.executor.execute(run_id),
+        )
+
+    @cached_property
+    def workflow_resumes(self) -> WorkflowResumes:
+        """Answers, operator resumes and job recoveries of workflow runs."""
+        return WorkflowResumes(self.settings, self.workflow_store, self.dispatcher)
+
+    @cached_property
     def continuations(self) -> Continuations:
         return Continuations(self.settings, self.runs, self.db, self.tools, self.dispatcher)
 
     @cached_property
     def reconciler(self) -> Reconciler:
         config = self.settings.run_reconciliation
-        return Reconciler(config, self.runs, self.continuations)
+        return Reconciler(config, self.runs, self.continuations, self.workflow_resumes)
 
     def close(self) -> None:
         if "leases" in self.__dict__:
@@ -206,15 +242,41 @@ class Runtime:
 
 def import_tool_modules(modules: list[str]) -> None:
     """Import the modules whose `@tool` declarations fill the registry."""
+    import_modules("ToolModules", modules)
+
+
+def import_modules(setting: str, modules: list[str]) -> None:
+    """Import the modules a setting lists (their decorators register tools or workflows)."""
     for index, name in enumerate(modules):
         try:
             importlib.import_module(name)
         except ToolRegistrationError as exc:
-            raise ConfigurationError(f"ToolModules[{index}]", f"'{name}': {exc}") from exc
+            raise ConfigurationError(f"{setting}[{index}]", f"'{name}': {exc}") from exc
         except ImportError as exc:
             raise ConfigurationError(
-                f"ToolModules[{index}]", f"cannot import '{name}': {exc}"
+                f"{setting}[{index}]", f"cannot import '{name}': {exc}"
             ) from exc
+
+
+def check_workflow_settings(settings: Settings) -> None:
+    """A setting that would be accepted and do nothing fails at startup instead.
+
+    Interrupted queued workflow runs are found by the orphan scan, so resuming them, or
+    giving their jobs more than one attempt, needs `RunReconciliation.Enabled`.
+    """
+    if settings.run_reconciliation.enabled:
+        return
+    if settings.workflows.resume_interrupted_runs:
+        raise ConfigurationError(
+            "Workflows.ResumeInterruptedRuns",
+            "requires RunReconciliation.Enabled (interrupted runs are found by its scan)",
+        )
+    if settings.async_run.max_attempts > 1:
+        raise ConfigurationError(
+            "AsyncRun.MaxAttempts",
+            "more than 1 requires RunReconciliation.Enabled (interrupted runs are found by its "
+            "scan)",
+        )
 
 
 def check_agent_tools(settings: Settings, tools: ToolRegistry) -> None:

@@ -17,7 +17,9 @@ from tracon_jobs.settings import load_settings
 
 def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | None = None) -> Flask:
     from web import (
+        agents,
         approvals,
+        console,
         draining,
         health,
         metrics,
@@ -26,6 +28,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
         operations,
         problems,
         runs,
+        workflows,
     )
 
     app = Flask(__name__)
@@ -40,7 +43,10 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
     app.register_blueprint(openapi.bp)
     app.register_blueprint(runs.bp)
     app.register_blueprint(approvals.bp)
+    app.register_blueprint(workflows.bp)
     app.register_blueprint(operations.bp)
     app.register_blueprint(openai_compat.bp)
+    console.init_app(app)
+    app.register_blueprint(agents.bp)
     logging.getLogger(__name__).info("tracon-jobs web ready")
     return app

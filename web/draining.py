@@ -8,7 +8,14 @@ from tracon_jobs.drain import web_draining
 from web.problems import Problem
 
 RUN_STARTING_ENDPOINTS = frozenset(
-    {"runs.run_agent", "openai.chat_completions", "openai.responses"}
+    {
+        "runs.run_agent",
+        "openai.chat_completions",
+        "openai.responses",
+        "workflows.run_workflow",
+        "workflows.respond",
+        "workflows.resume",
+    }
 )
 
 

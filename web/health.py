@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, jsonify
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from flask import Blueprint, Flask, Response, current_app, jsonify
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from sqlalchemy import text
 
 from web.draining import is_draining
 from web.extensions import runtime
+from web.metrics import scrape_registry
 
 bp = Blueprint("health", __name__)
 
@@ -44,6 +45,16 @@ def _check_redis() -> bool:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    """The process's own metrics, then those computed from SQL at scrape time."""
-    body = generate_latest() + generate_latest(current_app.extensions["tracon_metrics"])
-    return Response(body, mimetype=CONTENT_TYPE_LATEST)
+    """This node's event metrics, then the cluster's state computed at scrape time, in the
+    Prometheus text format 0.0.4 (its content type given whole: Flask would add a charset)."""
+    body = generate_latest(_registry(current_app))
+    return Response(body, content_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+
+def _registry(app: Flask) -> CollectorRegistry:
+    registry: CollectorRegistry | None = app.extensions.get("tracon_scrape_registry")
+    if registry is None:
+        approvals = app.extensions["tracon_metrics"]
+        registry = scrape_registry(app.extensions["tracon"], approvals, is_draining)
+        app.extensions["tracon_scrape_registry"] = registry
+    return registry

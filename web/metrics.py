@@ -1,14 +1,20 @@
-"""Approval metrics computed from SQL at scrape time, so that every web process tells the
-same truth whichever process decided, expired or canceled: one GROUP BY over the rows.
+"""What `/metrics` serves: the cluster's state computed from SQL and Redis at scrape time,
+and the event metrics of this node's gunicorn workers (merged in multiprocess mode).
+
+Approvals are computed from SQL at scrape time, so that every web process tells the same
+truth whichever process decided, expired or canceled: one GROUP BY over the rows.
 
     tracon_approvals_pending                      gauge
     tracon_approval_decisions_total{outcome}      counter (approved|rejected|expired|canceled)
     tracon_approval_decision_seconds{outcome}     histogram of decided_at - requested_at
+
+The rest (runs by status, circuits, slots, leases, drain, and the event counters) is
+described in `tracon_jobs.metrics` and docs/operations.md#metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -18,9 +24,12 @@ from prometheus_client.utils import floatToGoString
 from sqlalchemy import Float, case, cast, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from beat_schedules.schedule import APPROVAL_EXPIRY_TASK, IDEMPOTENCY_PURGE_TASK, RECONCILE_TASK
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Approval
+from tracon_jobs.metrics import StateCollector, event_collector
 from tracon_jobs.runs.approvals import ApprovalStatus
+from tracon_jobs.runtime import Runtime
 
 BUCKETS = (1.0, 10.0, 60.0, 300.0, 3600.0, 86400.0)
 OUTCOMES = [s for s in ApprovalStatus if s is not ApprovalStatus.PENDING]
@@ -92,3 +101,41 @@ def approval_registry(db: Database) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ApprovalCollector(db))
     return registry
+
+
+LEASES = (RECONCILE_TASK, APPROVAL_EXPIRY_TASK, IDEMPOTENCY_PURGE_TASK)
+"""The singleton leases of the periodic services, named after their tasks."""
+
+
+def scrape_registry(
+    runtime: Runtime, approvals: Collector, draining: Callable[[], bool]
+) -> CollectorRegistry:
+    """Everything `/metrics` answers with, in one registry built once per process."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(event_collector())
+    registry.register(approvals)
+    registry.register(state_collector(runtime, draining))
+    return registry
+
+
+def state_collector(runtime: Runtime, draining: Callable[[], bool]) -> StateCollector:
+    providers = sorted(runtime.settings.providers)
+
+    def circuits() -> Iterator[tuple[str, str, int]]:
+        for provider in providers:
+            snapshot = runtime.breaker.snapshot(provider)
+            yield provider, snapshot.state, snapshot.failures
+
+    def slots() -> Iterator[tuple[str, int | None, int, int]]:
+        for provider in providers:
+            usage = runtime.slots.usage(provider)
+            yield provider, usage.limit, usage.in_use, usage.waiting
+
+    def leases() -> Iterator[tuple[str, str | None]]:
+        store = runtime.leases.store
+        for lease in LEASES:
+            yield lease, store.owner_of(lease)
+
+    return StateCollector(
+        runtime.db, circuits=circuits, slots=slots, leases=leases, draining=draining
+    )

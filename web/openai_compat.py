@@ -1,19 +1,23 @@
-"""OpenAI-compatible `/v1/chat/completions` and `/v1/responses`: `model` names an agent.
+"""OpenAI-compatible `/v1/chat/completions`, `/v1/responses` and `/v1/models`: `model`
+names an agent.
 
 Each request starts an ordinary run (recorded, listed under `/api/runs`, cancellable)
-whose input is the conversation: `{"message": <last user text>, "messages": [...]}`.
-Without `stream` the answer is buffered (the contract's status mapping, in OpenAI's error
-shape on failure); with `stream: true` it follows the run's events (`web.sse.tail`) and
-speaks OpenAI's chunk or typed-event format. Every error on `/v1` uses OpenAI's shape.
+whose input is the conversation: `{"message": <last user text>, "messages": [...]}`, and
+every answer to it names the run in `X-Tracon-Run-Id`. Without `stream` the answer is
+buffered (the contract's status mapping, in OpenAI's error shape on failure); with
+`stream: true` it follows the run's events (`web.sse.tail`): each model turn's text (the
+`text` of its `ModelCallCompleted`) is sent as a delta as soon as the turn ends, in OpenAI's
+chunk or typed-event format. Every error on `/v1` uses OpenAI's shape.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, current_app, g, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 from werkzeug.exceptions import HTTPException
 
@@ -31,7 +35,9 @@ from web.openai_shapes import (
     chat_final_frames,
     data_frame,
     error_body,
+    model_object,
     response_object,
+    turn_separated,
 )
 from web.preferences import prefers_async
 from web.problems import Problem, bad_request
@@ -45,6 +51,8 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 TEXT_PARTS = {"text", "input_text", "output_text"}
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 ERROR_CODES = {401: "invalid_api_key", 404: "not_found"}
+RUN_ID_HEADER = "X-Tracon-Run-Id"
+STARTED = int(time.time())  # `created` of every model: agents carry no creation time
 
 Shape = Callable[[Run, str], dict[str, Any]]
 Answer = tuple[Response, int, dict[str, str]]
@@ -78,6 +86,21 @@ class ResponsesRequest(BaseModel):
 
 
 # -- routes ---------------------------------------------------------------------------
+
+
+@bp.get("/models")
+def list_models() -> Response:
+    """The agents, in OpenAI's model-list shape (`client.models.list()`)."""
+    agents = runtime().settings.agents
+    return jsonify({"object": "list", "data": [model_object(name, STARTED) for name in agents]})
+
+
+@bp.get("/models/<path:model>")
+def get_model(model: str) -> Response:
+    """One agent as an OpenAI model (`client.models.retrieve(name)`)."""
+    if model not in runtime().settings.agents:
+        raise unknown_model(model)
+    return jsonify(model_object(model, STARTED))
 
 
 @bp.post("/chat/completions")
@@ -147,17 +170,31 @@ def text_of(content: Any, where: str) -> str:
 def start_run(model: str, run_input: dict[str, Any]) -> Run:
     rt = runtime()
     if model not in rt.settings.agents:
-        raise Problem(
-            404,
-            "Not Found",
-            f"The model '{model}' does not exist: a model names an agent",
-            code="model_not_found",
-            field="model",
-        )
+        raise unknown_model(model)
     new = NewRun(tenant_id(), model, run_input, currency=rt.settings.pricing.currency)
+    g.tracon_run_id = new.id  # from here on every answer names the run, a 503 included
     run = submit(new)
     remember_run(run.id)
     return run
+
+
+def unknown_model(model: str) -> Problem:
+    return Problem(
+        404,
+        "Not Found",
+        f"The model '{model}' does not exist: a model names an agent",
+        code="model_not_found",
+        field="model",
+    )
+
+
+@bp.after_request
+def _name_the_run(response: Response) -> Response:
+    """`X-Tracon-Run-Id` on every answer of a request that made a run (errors included)."""
+    run_id: str | None = g.get("tracon_run_id")
+    if run_id is not None:
+        response.headers[RUN_ID_HEADER] = run_id
+    return response
 
 
 # -- answers --------------------------------------------------------------------------
@@ -190,29 +227,45 @@ def waiting_answer(run: Run) -> Answer:
         "pendingApprovals": run_view(run)["pendingApprovals"],
         "location": location,
     }
-    return jsonify(body), 202, {"Location": location, "X-Tracon-Run-Id": run.id}
+    return jsonify(body), 202, {"Location": location, RUN_ID_HEADER: run.id}
+
+
+KEEPALIVE = ": keep-alive\n\n"
 
 
 def chat_stream(run: Run, model: str, include_usage: bool) -> Iterator[str]:
     yield data_frame(chat_chunk(run, model, {"role": "assistant", "content": ""}))
-    yield from keepalives_until_end(run.id)
-    yield from chat_final_frames(ended(run.id), model, include_usage)
+    streamed = False
+    for text in turn_texts(run.id):
+        if text is None:
+            yield KEEPALIVE
+            continue
+        yield data_frame(chat_chunk(run, model, {"content": turn_separated(text, streamed)}))
+        streamed = True
+    yield from chat_final_frames(ended(run.id), model, include_usage, streamed=streamed)
 
 
 def response_stream(run: Run, model: str) -> Iterator[str]:
     events = ResponseEvents(run, model)
     yield from events.opening()
-    yield from keepalives_until_end(run.id)
+    for text in turn_texts(run.id):
+        if text is None:
+            yield KEEPALIVE
+        else:
+            yield from events.turn_text(text)
     yield from events.closing(ended(run.id))
 
 
-def keepalives_until_end(run_id: str) -> Iterator[str]:
-    """Follow the run to its terminal event, sending a comment line while it is quiet."""
+def turn_texts(run_id: str) -> Iterator[str | None]:
+    """Follow the run to its terminal event: each model turn's non-empty text as the turn
+    ends (`ModelCallCompleted`), and None while the run is quiet (a keep-alive is due)."""
     rt = runtime()
     keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
     for event in tail(rt.runs, rt.feed, run_id, 0, keepalive):
         if event is None:
-            yield ": keep-alive\n\n"
+            yield None
+        elif event.type == "ModelCallCompleted" and event.data.get("text"):
+            yield str(event.data["text"])
 
 
 def ended(run_id: str) -> Run:

@@ -1,6 +1,10 @@
 """A run rendered as OpenAI's objects: `chat.completion` and its chunks, `response` and its
-typed `response.*` stream events. Pure functions of the run row (and, for streams, of the
-run's text); the `/v1` views in `web.openai_compat` decide when to send what.
+typed `response.*` stream events, and an agent as a `model`. Pure functions of the run row
+(and, for streams, of the text of its model turns); the `/v1` views in `web.openai_compat`
+decide when to send what.
+
+In a stream, each model turn's text is one delta, a blank line apart from the turn before
+(`TURN_SEPARATOR`); a run that streamed no text sends its output once at its end.
 
 The ids carry the run id (`chatcmpl-<run id>`, `resp_<run id>`), so any answer leads back to
 `GET /api/runs/{id}`.
@@ -14,6 +18,8 @@ from datetime import UTC
 from typing import Any
 
 from tracon_jobs.db.models import Run
+
+TURN_SEPARATOR = "\n\n"
 
 
 def created(run: Run) -> int:
@@ -33,6 +39,19 @@ def error_body(
 def run_error(run: Run) -> dict[str, Any]:
     message = run.error_message or f"the run ended {run.status}"
     return error_body(message, "server_error", run.error_type or run.status.lower())
+
+
+def turn_separated(text: str, after_another: bool) -> str:
+    """A turn's text as a delta: a blank line first when an earlier turn's text was sent."""
+    return TURN_SEPARATOR + text if after_another else text
+
+
+# -- models ---------------------------------------------------------------------------
+
+
+def model_object(agent: str, created_at: int) -> dict[str, Any]:
+    """An agent as OpenAI's `model`."""
+    return {"id": agent, "object": "model", "created": created_at, "owned_by": "tracon"}
 
 
 # -- chat completions -----------------------------------------------------------------
@@ -95,10 +114,14 @@ def data_frame(payload: dict[str, Any] | str) -> str:
     return f"data: {text}\n\n"
 
 
-def chat_final_frames(run: Run, model: str, include_usage: bool) -> Iterator[str]:
-    """Everything after the role chunk, once the run ended."""
+def chat_final_frames(
+    run: Run, model: str, include_usage: bool, *, streamed: bool = False
+) -> Iterator[str]:
+    """Everything after the role chunk and the turns' text deltas, once the run ended: the
+    run's output as one delta when no turn streamed any (`streamed`), then the end."""
     if run.status == "Completed":
-        yield data_frame(chat_chunk(run, model, {"content": run_text(run)}))
+        if not streamed:
+            yield data_frame(chat_chunk(run, model, {"content": run_text(run)}))
         yield data_frame(chat_chunk(run, model, {}, finish="stop"))
         if include_usage:
             yield data_frame(chat_usage_chunk(run, model))
@@ -149,12 +172,16 @@ def response_usage(run: Run) -> dict[str, Any]:
     }
 
 
-def response_object(run: Run, model: str, status: str | None = None) -> dict[str, Any]:
-    """The run as a `response`; pass `status` to show an earlier moment of a stream."""
+def response_object(
+    run: Run, model: str, status: str | None = None, text: str | None = None
+) -> dict[str, Any]:
+    """The run as a `response`; pass `status` to show an earlier moment of a stream, and
+    `text` for the message a stream sent (else the run's output)."""
     status = status or response_status(run)
     output = []
     if status == "completed":
-        output = [output_message(run, "completed", [output_text_part(run_text(run))])]
+        said = run_text(run) if text is None else text
+        output = [output_message(run, "completed", [output_text_part(said)])]
     error = None
     if status in ("failed", "cancelled"):
         error = {"code": run.error_type or "server_error", "message": run.error_message or ""}
@@ -179,12 +206,17 @@ def response_object(run: Run, model: str, status: str | None = None) -> dict[str
 
 
 class ResponseEvents:
-    """Typed `response.*` stream events, each numbered by `sequence_number`."""
+    """Typed `response.*` stream events, each numbered by `sequence_number`.
+
+    One output message carries the text: opened at the first turn's text (or at the end,
+    for a run that streamed none), a `response.output_text.delta` per turn, closed at the end.
+    """
 
     def __init__(self, run: Run, model: str) -> None:
         self.run = run
         self.model = model
         self.sequence = 0
+        self.text: str | None = None  # what the message said so far; None until it opens
 
     def frame(self, type_: str, **data: Any) -> str:
         payload = {"type": type_, "sequence_number": self.sequence, **data}
@@ -196,22 +228,40 @@ class ResponseEvents:
         yield self.frame("response.created", response=response)
         yield self.frame("response.in_progress", response=response)
 
+    def where(self) -> dict[str, Any]:
+        return {"item_id": message_id(self.run), "output_index": 0, "content_index": 0}
+
+    def turn_text(self, text: str) -> Iterator[str]:
+        """A model turn's text as a delta of the message (opening it at the first)."""
+        if self.text is None:
+            self.text = ""
+            empty = output_message(self.run, "in_progress", [])
+            yield self.frame("response.output_item.added", output_index=0, item=empty)
+            part = output_text_part("")
+            yield self.frame("response.content_part.added", **self.where(), part=part)
+        delta = turn_separated(text, bool(self.text))
+        self.text += delta
+        yield self.frame("response.output_text.delta", **self.where(), delta=delta, logprobs=[])
+
     def closing(self, run: Run) -> Iterator[str]:
-        """After the run ended: the message's item, part and text, then the final event."""
+        """After the run ended: the message's text (the run's output when no turn streamed
+        any), the message closed, then the final event."""
         self.run = run
         if response_status(run) != "completed":
+            if self.text is not None:
+                yield from self.message_done("incomplete")
             yield self.frame("response.failed", response=response_object(run, self.model))
             return
-        yield from self.message_events(run_text(run))
-        yield self.frame("response.completed", response=response_object(run, self.model))
+        if self.text is None:
+            yield from self.turn_text(run_text(run))
+        yield from self.message_done("completed")
+        response = response_object(run, self.model, text=self.text)
+        yield self.frame("response.completed", response=response)
 
-    def message_events(self, text: str) -> Iterator[str]:
-        where = {"item_id": message_id(self.run), "output_index": 0, "content_index": 0}
-        empty = output_message(self.run, "in_progress", [])
-        yield self.frame("response.output_item.added", output_index=0, item=empty)
-        yield self.frame("response.content_part.added", **where, part=output_text_part(""))
-        yield self.frame("response.output_text.delta", **where, delta=text, logprobs=[])
+    def message_done(self, status: str) -> Iterator[str]:
+        text = self.text or ""
+        where = self.where()
         yield self.frame("response.output_text.done", **where, text=text, logprobs=[])
         yield self.frame("response.content_part.done", **where, part=output_text_part(text))
-        done = output_message(self.run, "completed", [output_text_part(text)])
+        done = output_message(self.run, status, [output_text_part(text)])
         yield self.frame("response.output_item.done", output_index=0, item=done)

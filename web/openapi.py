@@ -118,16 +118,183 @@ IDEMPOTENCY_RESPONSES: dict[str, Any] = {
     "501": {"description": "Idempotency-Key sent while Tracon:Idempotency is disabled"},
 }
 OPENAI_ERROR = {"description": 'OpenAI error shape: {"error": {"message", "type", "code"}}'}
+RUN_ID_HEADER = {
+    "X-Tracon-Run-Id": {
+        "description": "the run this request made (GET /api/runs/{id})",
+        "schema": {"type": "string"},
+    }
+}
+LIMIT = {
+    "name": "limit",
+    "in": "query",
+    "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+}
+
+TEXT_PART: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {
+        "type": {"enum": ["text", "input_text", "output_text"]},
+        "text": {"type": "string"},
+    },
+}
+TEXT_CONTENT: dict[str, Any] = {
+    "oneOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": TEXT_PART}]
+}
+CHAT_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "description": "other OpenAI fields are accepted and ignored",
+    "required": ["model", "messages"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1, "description": "an agent's name"},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "description": "the conversation; at least one user message",
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "role": {"enum": ["system", "developer", "user", "assistant"]},
+                    "content": TEXT_CONTENT,
+                },
+            },
+        },
+        "stream": {"type": "boolean", "default": False},
+        "stream_options": {
+            "type": ["object", "null"],
+            "properties": {"include_usage": {"type": "boolean"}},
+        },
+    },
+}
+RESPONSES_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "description": "other OpenAI fields are accepted and ignored",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1, "description": "an agent's name"},
+        "input": {
+            "oneOf": [
+                {"type": "string"},
+                {
+                    "type": "array",
+                    "description": "message items; at least one from the user",
+                    "items": {
+                        "type": "object",
+                        "required": ["role"],
+                        "properties": {
+                            "type": {"const": "message"},
+                            "role": {"enum": ["system", "developer", "user", "assistant"]},
+                            "content": TEXT_CONTENT,
+                        },
+                    },
+                },
+            ]
+        },
+        "instructions": {"type": ["string", "null"]},
+        "stream": {"type": "boolean", "default": False},
+    },
+}
+MODEL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {
+        "id": {"type": "string", "description": "an agent's name"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"const": "tracon"},
+    },
+}
+TOOL_CALL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "turn", "callId", "tool", "arguments", "executionId", "status"],
+    "properties": {
+        "id": {"type": "integer"},
+        "turn": {"type": "integer"},
+        "callId": {"type": "string"},
+        "tool": {"type": "string"},
+        "arguments": {"type": "object"},
+        "executionId": {"type": "string"},
+        "idempotencyKey": {"type": "string"},
+        "status": {"enum": ["started", "succeeded", "failed"]},
+        "result": {"description": "what the tool returned (null unless succeeded)"},
+        "error": {
+            "type": ["object", "null"],
+            "properties": {
+                "code": {"type": ["string", "null"]},
+                "message": {"type": ["string", "null"]},
+            },
+        },
+        "attempts": {"type": "integer"},
+        "startedAt": {"type": "string"},
+        "endedAt": {"type": ["string", "null"]},
+        "durationMs": {"type": ["integer", "null"]},
+    },
+}
+BINDING_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "provider": {"type": "string"},
+        "model": {"type": "string"},
+        "fallbacks": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"provider": {"type": "string"}, "model": {"type": "string"}},
+            },
+        },
+        "temperature": {"type": ["number", "null"]},
+        "topP": {"type": ["number", "null"]},
+        "maxOutputTokens": {"type": ["integer", "null"]},
+    },
+}
+AGENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "model", "tools", "subAgents", "requireApproval"],
+    "properties": {
+        "name": {"type": "string"},
+        "model": BINDING_SCHEMA,
+        "tools": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "description": {"type": ["string", "null"]},
+                    "sideEffect": {"enum": ["none", "read", "write", "destructive", "external"]},
+                    "idempotent": {"type": "boolean"},
+                    "requiresApproval": {
+                        "type": "boolean",
+                        "description": "registered requires_approval, or in requireApproval",
+                    },
+                },
+            },
+        },
+        "subAgents": {"type": "array", "items": {"type": "string"}},
+        "requireApproval": {"type": "array", "items": {"type": "string"}},
+        "parameters": {"type": "object"},
+    },
+}
 
 
-def _openai_op(summary: str) -> dict[str, Any]:
+def _items(schema_ref: str, description: str) -> dict[str, Any]:
+    items = {"type": "array", "items": {"$ref": f"#/components/schemas/{schema_ref}"}}
+    schema = {"type": "object", "required": ["items"], "properties": {"items": items}}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _openai_op(summary: str, request_schema: str) -> dict[str, Any]:
     responses = {
-        "200": {"description": "the OpenAI object, or text/event-stream with stream: true"},
+        "200": {
+            "description": "the OpenAI object, or text/event-stream with stream: true",
+            "headers": RUN_ID_HEADER,
+        },
         "202": {
             "description": (
                 "the run is still going (Runs.BufferedWaitTimeout), or it waits for a person:"
                 " then a tracon.run object, Location and X-Tracon-Run-Id"
             ),
+            "headers": RUN_ID_HEADER,
             "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/WaitingRun"}}
             },
@@ -135,7 +302,8 @@ def _openai_op(summary: str) -> dict[str, Any]:
         **{status: OPENAI_ERROR for status in ("400", "401", "404", "429", "502", "503")},
         **IDEMPOTENCY_RESPONSES,
     }
-    body = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+    schema = {"$ref": f"#/components/schemas/{request_schema}"}
+    body = {"required": True, "content": {"application/json": {"schema": schema}}}
     return {
         "summary": summary,
         "parameters": [IDEMPOTENCY_KEY],
@@ -145,8 +313,53 @@ def _openai_op(summary: str) -> dict[str, Any]:
 
 
 OPENAI_PATHS: dict[str, Any] = {
-    "/v1/chat/completions": {"post": _openai_op("OpenAI-compatible chat completions")},
-    "/v1/responses": {"post": _openai_op("OpenAI-compatible responses")},
+    "/v1/chat/completions": {
+        "post": _openai_op("OpenAI-compatible chat completions", "ChatCompletionRequest")
+    },
+    "/v1/responses": {"post": _openai_op("OpenAI-compatible responses", "ResponsesRequest")},
+    "/v1/models": {
+        "get": {
+            "summary": "The agents, in OpenAI's model-list shape",
+            "responses": {
+                "200": {
+                    "description": 'the agents: {"object": "list", "data": [models]}',
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "object": {"const": "list"},
+                                    "data": {
+                                        "type": "array",
+                                        "items": {"$ref": "#/components/schemas/Model"},
+                                    },
+                                },
+                            }
+                        }
+                    },
+                },
+                "401": OPENAI_ERROR,
+            },
+        }
+    },
+    "/v1/models/{model}": {
+        "get": {
+            "summary": "One agent as an OpenAI model",
+            "parameters": [
+                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+            ],
+            "responses": {
+                "200": {
+                    "description": "the model",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Model"}}
+                    },
+                },
+                "401": OPENAI_ERROR,
+                "404": OPENAI_ERROR,
+            },
+        }
+    },
 }
 
 
@@ -158,11 +371,7 @@ APPROVAL_PATHS: dict[str, Any] = {
             parameters=[
                 {"name": "status", "in": "query", "schema": {"enum": APPROVAL_STATUSES}},
                 {"name": "runId", "in": "query", "schema": {"type": "string"}},
-                {
-                    "name": "limit",
-                    "in": "query",
-                    "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
-                },
+                LIMIT,
                 {"name": "cursor", "in": "query", "schema": {"type": "string"}},
             ],
         )
@@ -239,13 +448,49 @@ def document() -> dict[str, Any]:
                     "List runs, newest first",
                     {"200": {"description": "a page of runs with nextCursor"}, "400": PROBLEM},
                     parameters=[
-                        {"name": n, "in": "query", "schema": {"type": "string"}}
-                        for n in ("status", "agent", "sessionId", "cursor", "limit")
+                        {
+                            "name": "status",
+                            "in": "query",
+                            "schema": {"enum": RUN_SCHEMA["properties"]["status"]["enum"]},
+                        },
+                        {"name": "agent", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "sessionId",
+                            "in": "query",
+                            "schema": {"type": "string", "maxLength": 200},
+                        },
+                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                        LIMIT,
                     ],
                 )
             },
             "/api/runs/{id}": {
-                "get": _op("A run", {"200": _json("Run", "the run")}, parameters=[RUN_ID])
+                "get": _op(
+                    "A run; ?include=messages adds its saved conversation",
+                    {"200": _json("Run", "the run"), "400": PROBLEM},
+                    parameters=[
+                        RUN_ID,
+                        {
+                            "name": "include",
+                            "in": "query",
+                            "description": "messages: add the conversation as `messages`",
+                            "schema": {"enum": ["messages"]},
+                        },
+                    ],
+                )
+            },
+            "/api/runs/{id}/tool-calls": {
+                "get": _op(
+                    "The run's tool-call ledger, in the order the calls were recorded",
+                    {"200": _items("ToolCall", "the ledger rows")},
+                    parameters=[RUN_ID],
+                )
+            },
+            "/api/agents": {
+                "get": {
+                    "summary": "The configured agents",
+                    "responses": {"200": _items("Agent", "the agents"), "401": PROBLEM},
+                }
             },
             "/api/runs/{id}/events": {
                 "get": _op(
@@ -317,14 +562,19 @@ def document() -> dict[str, Any]:
                 "Approval": APPROVAL_SCHEMA,
                 "Decision": DECISION_SCHEMA,
                 "WaitingRun": WAITING_SCHEMA,
+                "ToolCall": TOOL_CALL_SCHEMA,
+                "Agent": AGENT_SCHEMA,
+                "Model": MODEL_SCHEMA,
+                "ChatCompletionRequest": CHAT_REQUEST,
+                "ResponsesRequest": RESPONSES_REQUEST,
                 "RunRequest": {
                     "type": "object",
                     "required": ["message"],
                     "additionalProperties": False,
                     "properties": {
                         "message": {"type": "string", "minLength": 1},
-                        "sessionId": {"type": "string"},
-                        "parameters": {"type": "object"},
+                        "sessionId": {"type": ["string", "null"], "maxLength": 200},
+                        "parameters": {"type": ["object", "null"]},
                     },
                 },
                 "Accepted": {

@@ -1,4 +1,5 @@
-"""The run surface: submit an agent run, read runs, their events and their trees."""
+"""The run surface: submit an agent run, read runs, their events, conversations, tool-call
+ledgers and trees."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.cancel import cancel_tree
+from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun, RunFilter
-from tracon_jobs.runs.views import run_json
+from tracon_jobs.runs.views import run_json, tool_call_json
 from web.auth import require_tenant, tenant_id
 from web.buffered import buffered_run_response, run_view
 from web.extensions import runtime
@@ -28,14 +30,16 @@ bp = Blueprint("runs", __name__, url_prefix="/api")
 require_tenant(bp)
 
 MAX_PAGE = 200
+MAX_SESSION_ID = 200
 STATUSES = {"Queued", "Running", "Waiting", "Completed", "Failed", "Canceled"}
+INCLUDES = {"messages"}
 
 
 class RunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     message: str = Field(min_length=1)
-    session_id: str | None = Field(default=None, alias="sessionId", max_length=200)
+    session_id: str | None = Field(default=None, alias="sessionId", max_length=MAX_SESSION_ID)
     parameters: dict[str, Any] | None = None
 
 
@@ -96,7 +100,35 @@ def submit(new: NewRun) -> Run:
 
 @bp.get("/runs/<run_id>")
 def get_run(run_id: str) -> Response:
-    return jsonify(run_view(owned_run(run_id)))
+    """The run; `?include=messages` adds the conversation saved after its last finished turn."""
+    includes = included()
+    run = owned_run(run_id)
+    view = run_view(run)
+    if "messages" in includes:
+        view["messages"] = run.messages or []
+    return jsonify(view)
+
+
+def included() -> set[str]:
+    """The `include` query values (repeated or comma-separated); 400 for an unknown one."""
+    values = {
+        part.strip()
+        for raw in request.args.getlist("include")
+        for part in raw.split(",")
+        if part.strip()
+    }
+    unknown = values - INCLUDES
+    if unknown:
+        raise bad_request(f"include: must be one of {', '.join(sorted(INCLUDES))}", field="include")
+    return values
+
+
+@bp.get("/runs/<run_id>/tool-calls")
+def run_tool_calls(run_id: str) -> Response:
+    """The run's tool-call ledger, in the order the calls were recorded."""
+    run = owned_run(run_id)
+    calls = Ledger(runtime().runs).calls(run.id)
+    return jsonify({"items": [tool_call_json(call) for call in calls]})
 
 
 def owned_run(run_id: str) -> Run:
@@ -111,7 +143,12 @@ def list_runs() -> Response:
     status = request.args.get("status")
     if status is not None and status not in STATUSES:
         raise bad_request(f"status: must be one of {', '.join(sorted(STATUSES))}", field="status")
-    filters = RunFilter(status, request.args.get("agent"), request.args.get("sessionId"))
+    session_id = request.args.get("sessionId")
+    if session_id is not None and len(session_id) > MAX_SESSION_ID:
+        raise bad_request(
+            f"sessionId: must be at most {MAX_SESSION_ID} characters", field="sessionId"
+        )
+    filters = RunFilter(status, request.args.get("agent"), session_id)
     limit = page_size(request.args.get("limit"))
     before = decode_cursor(request.args.get("cursor"))
     runs = runtime().runs.page(tenant_id(), filters, limit=limit + 1, before=before)

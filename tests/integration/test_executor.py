@@ -163,14 +163,14 @@ def test_a_zombie_cannot_write_after_the_run_was_taken_away(
 
 
 @pytest.mark.parametrize(
-    ("sections", "message"),
+    ("sections", "missing"),
     [
-        ({"Agents": {}}, "agent 'demo' is not configured"),
-        ({"ToolModules": []}, "tool 'lookup_order' is not registered"),
+        ({"Agents": {}}, "agent 'demo'"),
+        ({"ToolModules": []}, "tool 'lookup_order' (of agent 'demo')"),
     ],
 )
-def test_misconfiguration_fails_the_run_clearly(
-    make_runtime: MakeRuntime, sqlite_url: str, sections: dict[str, Any], message: str
+def test_a_worker_without_the_agent_leaves_the_run_for_one_that_has_it(
+    make_runtime: MakeRuntime, sqlite_url: str, sections: dict[str, Any], missing: str
 ) -> None:
     base = scripted_agent([{"Text": "hi"}], ["lookup_order"])
     runtime = make_runtime(sqlite_url, **(base | sections))
@@ -179,10 +179,21 @@ def test_misconfiguration_fails_the_run_clearly(
     if sections.get("ToolModules") == []:
         runtime.tools = type(runtime.tools)()  # a registry without the test tools
 
+    # A worker of an older deploy hands the run back, untouched
+    assert runtime.executor.execute(run_id) == "released"
+    run = runtime.runs.get(run_id)
+    assert run is not None and (run.status, run.owner, run.error_type) == ("Queued", None, None)
+    released = [e for e in runtime.runs.events(run_id) if e.type == "RunReleased"]
+    assert missing in released[0].data["reason"]
+
+    # Once Runs.RequeueAfter has passed since it was submitted, nobody has it: it fails
+    long_ago = run.created_at - runtime.settings.runs.requeue_after * 2
+    with runtime.db.write() as session:
+        session.execute(update(Run).where(Run.id == run_id).values(created_at=long_ago))
     assert runtime.executor.execute(run_id) == "Failed"
     run = runtime.runs.get(run_id)
     assert run is not None and run.error_type == "configuration_error"
-    assert message in (run.error_message or "")
+    assert f"no worker has {missing} configured" in (run.error_message or "")
 
 
 def test_tool_timeout_is_reported_to_the_model_and_the_run_goes_on(

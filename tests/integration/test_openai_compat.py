@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -418,3 +419,210 @@ def test_openapi_describes_the_v1_routes_and_the_key(
         names = [p["name"] for p in paths[path]["post"]["parameters"]]
         assert "Idempotency-Key" in names
         assert {"409", "422", "501"} <= set(paths[path]["post"]["responses"])
+
+
+# -- models -----------------------------------------------------------------------------
+
+
+def test_models_lists_the_agents_through_the_sdk(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+
+    models = list(client.models.list())
+    one = client.models.retrieve("demo")
+
+    assert [(m.id, m.object, m.owned_by) for m in models] == [("demo", "model", "tracon")]
+    assert isinstance(models[0].created, int) and models[0].created > 0
+    assert one.id == "demo" and one.created == models[0].created
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("nobody")
+    assert caught.value.code == "model_not_found"
+    with pytest.raises(openai.AuthenticationError):
+        client_for(base, "tjk_nope_nope").models.list()
+
+
+# -- streaming turn by turn -------------------------------------------------------------
+
+FIRST = "Let me look that up."
+SLOW_TURNS: list[dict[str, Any]] = [
+    {"Text": FIRST, "ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 20}}]},
+    {"Text": TEXT},
+]
+
+
+@pytest.fixture
+def slow_turns(
+    serve: Callable[..., tuple[Runtime, str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> Iterator[tuple[str, str, Path]]:
+    """An agent whose first reply says something and calls `slow_step`, which waits until
+    the returned `fast` flag file exists (at the latest when the test ends): (base URL, key,
+    flag)."""
+    monkeypatch.setenv("TRACON_TEST_FLAGS", str(tmp_path))
+    agent = scripted_agent(SLOW_TURNS, ["slow_step"])
+    _, base, key = serve(SLOW_TURNS, Agents=agent["Agents"])
+    yield base, key, tmp_path / "fast"
+    (tmp_path / "fast").touch()
+
+
+def run_status(base: str, key: str, run_id: str) -> str:
+    response = httpx.get(f"{base}/api/runs/{run_id}", headers={"Authorization": f"Bearer {key}"})
+    status: str = response.json()["status"]
+    return status
+
+
+def test_chat_stream_sends_each_turns_text_while_the_run_goes_on(
+    slow_turns: tuple[str, str, Path],
+) -> None:
+    base, key, fast = slow_turns
+
+    chunks = iter(
+        client_for(base, key).chat.completions.create(model="demo", messages=USER, stream=True)
+    )
+    role = next(chunks)
+    first = next(chunks)
+    run_id = api_runs(base, key)[0]["id"]
+
+    assert role.choices[0].delta.role == "assistant"
+    assert first.choices[0].delta.content == FIRST
+    assert run_status(base, key, run_id) == "Running"  # the tool is still working
+    fast.touch()
+    rest = list(chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in [first, *rest] if c.choices)
+    assert text == f"{FIRST}\n\n{TEXT}"
+    assert [c.choices[0].finish_reason for c in rest if c.choices][-1] == "stop"
+    assert run_status(base, key, run_id) == "Completed"
+
+
+def test_response_stream_sends_each_turns_text_while_the_run_goes_on(
+    slow_turns: tuple[str, str, Path],
+) -> None:
+    base, key, fast = slow_turns
+
+    events = iter(
+        client_for(base, key).responses.create(model="demo", input="Where is A-1?", stream=True)
+    )
+    opening = [next(events).type for _ in range(4)]
+    first = next(events)
+    run_id = api_runs(base, key)[0]["id"]
+
+    assert opening == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert first.type == "response.output_text.delta" and first.delta == FIRST
+    assert run_status(base, key, run_id) == "Running"
+    fast.touch()
+    rest = list(events)
+    assert [event.type for event in rest] == [
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    streamed = FIRST + "".join(e.delta for e in rest if e.type == "response.output_text.delta")
+    assert streamed == f"{FIRST}\n\n{TEXT}"
+    completed = rest[-1]
+    assert completed.type == "response.completed"
+    assert completed.response.output_text == streamed
+    assert [e.sequence_number for e in rest] == list(range(5, 10))
+
+
+def test_a_stream_whose_turns_said_nothing_still_sends_the_output_once(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    script: list[dict[str, Any]] = [
+        {"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A-1"}}]},
+        {"Text": TEXT},
+    ]
+    _, base, key = serve(script, Agents=scripted_agent(script, ["lookup_order"])["Agents"])
+
+    chunks = list(
+        client_for(base, key).chat.completions.create(model="demo", messages=USER, stream=True)
+    )
+
+    deltas = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert deltas == [TEXT]
+
+
+# -- the run id header ------------------------------------------------------------------
+
+
+def test_every_v1_answer_that_made_a_run_names_it(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+    headers = {"Authorization": f"Bearer {key}"}
+
+    chat = client.chat.completions.with_raw_response.create(model="demo", messages=USER)
+    response = client.responses.with_raw_response.create(model="demo", input="x")
+    later = httpx.post(
+        f"{base}/v1/responses",
+        json={"model": "demo", "input": "x"},
+        headers={**headers, "Prefer": "respond-async"},
+    )
+    streamed = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "demo", "messages": USER, "stream": True},
+        headers=headers,
+    )
+    unknown = httpx.post(
+        f"{base}/v1/chat/completions", json={"model": "nobody", "messages": USER}, headers=headers
+    )
+
+    assert chat.headers["X-Tracon-Run-Id"] == chat.parse().id.removeprefix("chatcmpl-")
+    assert response.headers["X-Tracon-Run-Id"] == response.parse().id.removeprefix("resp_")
+    assert later.status_code == 202
+    assert later.headers["X-Tracon-Run-Id"] == later.json()["id"].removeprefix("resp_")
+    assert streamed.headers["X-Tracon-Run-Id"] in {run["id"] for run in api_runs(base, key)}
+    assert "X-Tracon-Run-Id" not in unknown.headers  # no run was made
+    assert len({r.headers["X-Tracon-Run-Id"] for r in (chat, response, later, streamed)}) == 4
+
+
+def test_a_failed_run_names_itself_in_its_error_answer(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve([{"ErrorStatus": 400}])
+
+    with pytest.raises(openai.APIStatusError) as caught:
+        client_for(base, key).chat.completions.create(model="demo", messages=USER)
+
+    assert caught.value.status_code == 502
+    assert caught.value.response.headers["X-Tracon-Run-Id"] == api_runs(base, key)[0]["id"]
+
+
+def test_a_run_that_fails_after_a_turn_spoke_closes_the_message_then_fails(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    script: list[dict[str, Any]] = [
+        {"Text": FIRST, "ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A"}}]},
+        {"ErrorStatus": 400},
+    ]
+    _, base, key = serve(script, Agents=scripted_agent(script, ["lookup_order"])["Agents"])
+
+    events = list(client_for(base, key).responses.create(model="demo", input="x", stream=True))
+
+    assert [e.type for e in events][2:] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.failed",
+    ]
+    done = events[-2]
+    assert done.type == "response.output_item.done" and done.item.type == "message"
+    assert done.item.status == "incomplete"
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.error is not None
+    assert failed.response.error.code == "provider_error"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from multiprocessing.queues import Queue
 
@@ -220,7 +220,14 @@ def test_the_provider_still_works_after_an_abort(
 ) -> None:
     stub.enqueue(hang(30), reply("after abort"))
     signal = AbortSignal()
-    threading.Timer(0.1, signal.abort).start()
+
+    def abort_once_the_server_holds_it() -> None:
+        # not after a fixed delay: a cold client may not have sent the call yet, and the
+        # next call would then be the one that hangs
+        _eventually(lambda: stub.in_progress == 1, timeout=10)
+        signal.abort()
+
+    threading.Thread(target=abort_once_the_server_holds_it, daemon=True).start()
     assert failure(provider, signal).kind == "cancelled"
 
     assert provider.complete(request(), AbortSignal()).text == "after abort"
@@ -280,11 +287,11 @@ def test_retry_after_accepts_seconds_milliseconds_and_dates() -> None:
     assert parse_retry_after({}) is None
 
 
-def _eventually(condition: object, timeout: float = 2.0) -> bool:
+def _eventually(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
     """Poll a condition the server reaches on its own thread (no fixed sleep)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if callable(condition) and condition():
+        if condition():
             return True
         time.sleep(0.02)
     return False

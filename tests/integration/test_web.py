@@ -273,3 +273,15 @@ def test_health_readiness_and_openapi(client: FlaskClient) -> None:
     assert {"/api/approvals", "/api/approvals/{id}", "/api/approvals/{id}/decision"} <= set(
         spec["paths"]
     )
+    assert {"/api/agents", "/api/runs/{id}/tool-calls", "/v1/models"} <= set(spec["paths"])
+    runs = {p["name"]: p["schema"] for p in spec["paths"]["/api/runs"]["get"]["parameters"]}
+    assert runs["limit"] == {"type": "integer", "minimum": 1, "maximum": 200, "default": 50}
+    assert runs["sessionId"]["maxLength"] == 200
+    schemas = spec["components"]["schemas"]
+    assert schemas["RunRequest"]["properties"]["sessionId"]["maxLength"] == 200
+    chat = spec["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
+    assert chat["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ChatCompletionRequest"
+    }
+    assert {"model", "messages", "stream"} <= set(schemas["ChatCompletionRequest"]["properties"])
+    assert {"model", "input", "stream"} <= set(schemas["ResponsesRequest"]["properties"])

@@ -16,6 +16,7 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    importable_working_directory()
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(
@@ -36,3 +37,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:
         print(exc, file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130  # a Ctrl-C of a command that follows something (`runs tail`)
+
+
+def importable_working_directory() -> None:
+    """Put the working directory first on `sys.path`, as `python -m` does, so `ToolModules`
+    and `WorkflowModules` may name modules of the user's own folder (`myapp.tools`) whether
+    the command runs as `tracon-jobs` (whose path starts at the script's folder) or not."""
+    cwd = os.getcwd()
+    if sys.path and sys.path[0] in ("", cwd):
+        return
+    sys.path.insert(0, cwd)

@@ -25,7 +25,23 @@ def load_runtime() -> Runtime:
     """The runtime of the settings in the environment (`TRACON_CONFIG`, `TRACON_*`)."""
     from tracon_jobs.runtime import Runtime
 
-    return Runtime(load_settings())
+    settings = load_settings()
+    ensure_database_dir(settings.database.url)
+    return Runtime(settings)
+
+
+def ensure_database_dir(url: str) -> None:
+    """Create the folder of a SQLite database file, which SQLite will not do itself (a fresh
+    clone has no `var/`); other databases, and in-memory SQLite, need nothing."""
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return
+    if database.startswith("file:"):  # a SQLite URI filename: file:path?mode=...
+        database = database[len("file:") :].split("?", 1)[0]
+        if not database or database.startswith(":memory:"):
+            return
+    Path(database).parent.mkdir(parents=True, exist_ok=True)
 
 
 def safe_url(url: str) -> str:

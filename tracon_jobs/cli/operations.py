@@ -9,11 +9,12 @@ import json
 from typing import TYPE_CHECKING
 
 from tracon_jobs.cli.context import CommandError, load_runtime
-from tracon_jobs.drain import start_web_drain
+from tracon_jobs.drain import clear_web_drain, drain_file, start_web_drain
 from tracon_jobs.resilience.views import circuits_view
 
 if TYPE_CHECKING:
-    from tracon_jobs.db.models import Approval
+    from tracon_jobs.db.models import Approval, Run
+    from tracon_jobs.runs.store import Event
     from tracon_jobs.runtime import Runtime
 
 
@@ -25,8 +26,18 @@ def _tenant(runtime: Runtime, name_or_id: str) -> str:
 
 
 def cmd_drain(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.off:
+        path = drain_file()
+        was_draining = path.exists()
+        clear_web_drain()
+        state = "drain ended" if was_draining else "not draining"
+        print(f"{state}: this node accepts new runs (flag {path} removed)")
+        return 0
     path = start_web_drain()
-    print(f"draining: new runs on this node get 503 until it stops (flag {path})")
+    print(
+        f"draining: new runs on this node get 503 until it stops or 'tracon-jobs drain --off' "
+        f"(flag {path})"
+    )
     return 0
 
 
@@ -62,6 +73,32 @@ def cmd_keys_create(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def run_status(raw: str) -> str:
+    """A run status in any case, as the store spells it; argparse reports anything else
+    (exit 2) with the statuses there are."""
+    from tracon_jobs.runs.lifecycle import RunStatus
+
+    for status in RunStatus:
+        if status.value.lower() == raw.strip().lower():
+            return status.value
+    names = ", ".join(status.value for status in RunStatus)
+    raise argparse.ArgumentTypeError(f"no run status '{raw}' (one of {names})")
+
+
+RUN_HEADER = (
+    f"{'id':<36}  {'status':<9}  {'agent':<16}  {'tokens':>8}  {'cost':>12}  {'created':<19}  error"
+)
+
+
+def _run_line(run: Run) -> str:
+    tokens = (run.input_tokens or 0) + (run.output_tokens or 0)
+    cost = f"{float(run.cost_amount or 0):.4f} {run.cost_currency}"
+    return (
+        f"{run.id:<36}  {run.status:<9}  {run.agent:<16}  {tokens:>8}  {cost:>12}  "
+        f"{run.created_at:%Y-%m-%d %H:%M:%S}  {run.error_type or ''}"
+    ).rstrip()
+
+
 def cmd_runs_list(args: argparse.Namespace, rest: list[str]) -> int:
     from tracon_jobs.runs.store import RunFilter
 
@@ -70,25 +107,66 @@ def cmd_runs_list(args: argparse.Namespace, rest: list[str]) -> int:
     runs = runtime.runs.page(
         tenant_id, RunFilter(status=args.status), limit=args.limit, before=None
     )
+    print(RUN_HEADER)
     for run in runs:
-        print(
-            f"{run.id}  {run.status:<9}  {run.agent:<16}  {run.created_at:%Y-%m-%d %H:%M:%S}"
-            f"  {run.error_type or ''}"
-        )
+        print(_run_line(run))
     return 0
+
+
+def _run(runtime: Runtime, run_id: str, tenant: str | None) -> Run:
+    """The run, or a `CommandError`; with `tenant`, only one of that tenant's."""
+    tenant_id = _tenant(runtime, tenant) if tenant else None
+    run = runtime.runs.get(run_id, tenant_id)
+    if run is None:
+        raise CommandError(f"no run '{run_id}'" + (f" of tenant '{tenant}'" if tenant else ""))
+    return run
 
 
 def cmd_runs_show(args: argparse.Namespace, rest: list[str]) -> int:
-    from tracon_jobs.runs.views import run_json
+    from tracon_jobs.runs.ledger import Ledger
+    from tracon_jobs.runs.views import run_json, tool_call_json
 
     runtime = load_runtime()
-    run = runtime.runs.get(args.run_id)
-    if run is None:
-        raise CommandError(f"no run '{args.run_id}'")
+    run = _run(runtime, args.run_id, args.tenant)
     body = run_json(run)
     body["events"] = [event.as_json() for event in runtime.runs.events(run.id)]
+    body["toolCalls"] = [tool_call_json(call) for call in Ledger(runtime.runs).calls(run.id)]
     print(json.dumps(body, indent=2, default=str))
     return 0
+
+
+TAIL_WAIT_SECONDS = 15.0
+"""How long one wait on the event feed lasts before SQL is read again anyway."""
+
+
+def cmd_runs_tail(args: argparse.Namespace, rest: list[str]) -> int:
+    """Follow the run's events until its terminal event: SQL is the source of truth, the
+    feed only wakes us; its position is taken before each read, so nothing is missed."""
+    from tracon_jobs.runs.lifecycle import TERMINAL_EVENTS
+
+    runtime = load_runtime()
+    run = _run(runtime, args.run_id, args.tenant)
+    last = 0
+    position = runtime.feed.position(run.id)
+    while True:
+        events = runtime.runs.events(run.id, last)
+        for event in events:
+            print(_event_line(event), flush=True)
+            last = event.seq
+            if event.type in TERMINAL_EVENTS:
+                return 0
+        if events:
+            position = runtime.feed.position(run.id)
+            continue
+        woke = runtime.feed.wait(run.id, position, TAIL_WAIT_SECONDS)
+        if woke is not None:
+            position = woke
+
+
+def _event_line(event: Event) -> str:
+    body = event.as_json()
+    data = json.dumps(body.get("data") or {}, separators=(",", ":"), default=str)
+    return f"{event.seq:>4}  {body['at']}  {event.type:<26}  {data}"
 
 
 def cmd_idempotency_list(args: argparse.Namespace, rest: list[str]) -> int:

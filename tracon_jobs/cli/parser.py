@@ -1,15 +1,14 @@
 """The command line of `tracon-jobs`: every command, its arguments and its help, each bound to
-the function that runs it."""
+the function that runs it. Every command and every option has a help text (a test holds it)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
-from typing import Any
 
-from tracon_jobs.cli.dev import cmd_dev
+from tracon_jobs import __version__
+from tracon_jobs.cli.dev import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, cmd_dev, port_number
 from tracon_jobs.cli.operations import (
     cmd_approvals_decide,
     cmd_approvals_list,
@@ -20,103 +19,217 @@ from tracon_jobs.cli.operations import (
     cmd_keys_create,
     cmd_runs_list,
     cmd_runs_show,
+    cmd_runs_tail,
     cmd_tenants_create,
+    run_status,
 )
 from tracon_jobs.cli.processes import cmd_beat, cmd_flower, cmd_migrate, cmd_web, cmd_worker
 
-DESCRIPTION = "The `tracon-jobs` command: one entry point for every process and operator task."
+DESCRIPTION = (
+    "The `tracon-jobs` command: one entry point for every process and operator task. "
+    "Configuration: $TRACON_CONFIG, else tracon.json here, with TRACON_* overrides. The "
+    "working directory is importable (first on sys.path), so ToolModules and WorkflowModules "
+    "may name your own modules."
+)
 
 Handler = Callable[[argparse.Namespace, list[str]], int]
 """A command: its parsed arguments and, for a passthrough command, the rest of the line."""
 
+Command = Callable[..., argparse.ArgumentParser]
+"""Adds a command to the top level: `command(name, handler, help, passthrough=False)`."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracon-jobs", description=DESCRIPTION)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
     sub = parser.add_subparsers(metavar="command")
 
-    def command(name: str, handler: Handler, help_: str, passthrough: bool = False) -> Any:
-        cmd = sub.add_parser(name, help=help_)
-        cmd.set_defaults(handler=handler, passthrough=passthrough)
+    def command(
+        name: str, handler: Handler | None, help_: str, passthrough: bool = False
+    ) -> argparse.ArgumentParser:
+        """A command; `handler` None makes a group, whose bare name prints its help (exit 2)."""
+        cmd = sub.add_parser(name, help=help_, description=help_)
+        cmd.set_defaults(handler=handler or _group_help(cmd), passthrough=passthrough)
         return cmd
 
-    command("dev", cmd_dev, "migrate, then run web, a worker, beat and Flower (Ctrl-C stops)")
-    command("migrate", cmd_migrate, "upgrade the database to the latest schema")
-    web = command("web", cmd_web, "serve the HTTP API with gunicorn")
-    web.add_argument("--bind", default=os.environ.get("TRACON_WEB_BIND", "127.0.0.1:8000"))
-    web.add_argument("--workers", type=int, default=int(os.environ.get("TRACON_WEB_WORKERS", 2)))
-    web.add_argument("--threads", type=int, default=int(os.environ.get("TRACON_WEB_THREADS", 32)))
-    command("drain", cmd_drain, "make the web node on this host refuse new runs (503)")
-    command("circuits", cmd_circuits, "show each provider's circuit and concurrency slots")
-    command("worker", cmd_worker, "run a Celery worker (extra args go to celery)", True)
-    command("beat", cmd_beat, "run Celery beat (the periodic services)", True)
-    command("flower", cmd_flower, "run Flower (extra args go to flower)", True)
-
-    tenants = command("tenants", _usage, "manage tenants")
-    tsub = tenants.add_subparsers(metavar="action")
-    create = tsub.add_parser("create", help="create a tenant and print its first API key")
-    create.add_argument("name")
-    create.set_defaults(handler=cmd_tenants_create, passthrough=False)
-
-    keys = command("keys", _usage, "manage API keys")
-    ksub = keys.add_subparsers(metavar="action")
-    kcreate = ksub.add_parser("create", help="issue a new API key for a tenant")
-    kcreate.add_argument("tenant")
-    kcreate.set_defaults(handler=cmd_keys_create, passthrough=False)
-
-    runs = command("runs", _usage, "inspect runs")
-    rsub = runs.add_subparsers(metavar="action")
-    rlist = rsub.add_parser("list", help="list recent runs of a tenant")
-    rlist.add_argument("--tenant", required=True)
-    rlist.add_argument("--status")
-    rlist.add_argument("--limit", type=int, default=20)
-    rlist.set_defaults(handler=cmd_runs_list, passthrough=False)
-    rshow = rsub.add_parser("show", help="show one run and its events")
-    rshow.add_argument("run_id")
-    rshow.set_defaults(handler=cmd_runs_show, passthrough=False)
+    add_process_commands(command)
+    add_tenant_commands(command)
+    add_run_commands(command)
     add_idempotency_commands(command)
     add_approval_commands(command)
     return parser
 
 
-def add_approval_commands(command: Any) -> None:
+def add_process_commands(command: Command) -> None:
+    """`dev`, `migrate`, `web`, `worker`, `beat`, `flower`, plus `drain` and `circuits`."""
+    dev = command("dev", cmd_dev, "migrate, then run web, a worker, beat and Flower (Ctrl-C stops)")
+    dev.add_argument(
+        "--port",
+        type=port_number,
+        default=DEFAULT_WEB_PORT,
+        help=f"port of the web API on 127.0.0.1 (default {DEFAULT_WEB_PORT})",
+    )
+    dev.add_argument(
+        "--flower-port",
+        type=port_number,
+        default=DEFAULT_FLOWER_PORT,
+        help=f"port of Flower on 127.0.0.1 (default {DEFAULT_FLOWER_PORT})",
+    )
+    command("migrate", cmd_migrate, "upgrade the database to the latest schema")
+    web = command("web", cmd_web, "serve the HTTP API with gunicorn")
+    web.add_argument(
+        "--bind",
+        default=os.environ.get("TRACON_WEB_BIND", "127.0.0.1:8000"),
+        help="HOST:PORT to listen on (default $TRACON_WEB_BIND or 127.0.0.1:8000)",
+    )
+    web.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("TRACON_WEB_WORKERS", 2)),
+        help="gunicorn worker processes (default $TRACON_WEB_WORKERS or 2)",
+    )
+    web.add_argument(
+        "--threads",
+        type=int,
+        default=int(os.environ.get("TRACON_WEB_THREADS", 32)),
+        help="threads per worker, one per open request or stream "
+        "(default $TRACON_WEB_THREADS or 32)",
+    )
+    drain = command("drain", cmd_drain, "make the web node on this host refuse new runs (503)")
+    drain.add_argument(
+        "--off", action="store_true", help="end the drain: the node accepts new runs again"
+    )
+    command("circuits", cmd_circuits, "show each provider's circuit and concurrency slots")
+    command("worker", cmd_worker, "run a Celery worker (extra args go to celery)", True)
+    command("beat", cmd_beat, "run Celery beat (the periodic services)", True)
+    command("flower", cmd_flower, "run Flower (extra args go to flower)", True)
+
+
+def add_tenant_commands(command: Command) -> None:
+    """`tenants create NAME` and `keys create TENANT`."""
+    tenants = command("tenants", None, "manage tenants")
+    tsub = tenants.add_subparsers(metavar="action")
+    create = tsub.add_parser(
+        "create",
+        help="create a tenant and print its first API key",
+        description="Create a tenant and print its first API key (shown once).",
+    )
+    create.add_argument("name", help="the new tenant's name")
+    create.set_defaults(handler=cmd_tenants_create, passthrough=False)
+
+    keys = command("keys", None, "manage API keys")
+    ksub = keys.add_subparsers(metavar="action")
+    kcreate = ksub.add_parser(
+        "create",
+        help="issue a new API key for a tenant",
+        description="Issue a new API key for a tenant (shown once).",
+    )
+    kcreate.add_argument("tenant", help="tenant name or id")
+    kcreate.set_defaults(handler=cmd_keys_create, passthrough=False)
+
+
+def add_run_commands(command: Command) -> None:
+    """`runs list`, `runs show ID` and `runs tail ID`."""
+    runs = command("runs", None, "inspect runs")
+    rsub = runs.add_subparsers(metavar="action")
+    rlist = rsub.add_parser(
+        "list",
+        help="list recent runs of a tenant",
+        description="List a tenant's runs, newest first: id, status, agent, tokens, cost, "
+        "creation time and error type.",
+    )
+    rlist.add_argument("--tenant", required=True, help="tenant name or id (`dev` for make run)")
+    rlist.add_argument(
+        "--status",
+        type=run_status,
+        help="only runs in this status (any case): "
+        "Queued, Running, Waiting, Completed, Failed or Canceled",
+    )
+    rlist.add_argument("--limit", type=int, default=20, help="most runs listed (default 20)")
+    rlist.set_defaults(handler=cmd_runs_list, passthrough=False)
+    rshow = rsub.add_parser(
+        "show",
+        help="show one run, its events and its tool calls",
+        description="Print one run as JSON: the run, its `events` and its `toolCalls` (the "
+        "ledger).",
+    )
+    rshow.add_argument("run_id", help="the run's id")
+    rshow.add_argument("--tenant", help="only if the run belongs to this tenant (name or id)")
+    rshow.set_defaults(handler=cmd_runs_show, passthrough=False)
+    rtail = rsub.add_parser(
+        "tail",
+        help="follow a run's events live until it ends",
+        description="Print a run's events, one line each, as they happen, until its terminal "
+        "event (Ctrl-C stops following).",
+    )
+    rtail.add_argument("run_id", help="the run's id")
+    rtail.add_argument("--tenant", help="only if the run belongs to this tenant (name or id)")
+    rtail.set_defaults(handler=cmd_runs_tail, passthrough=False)
+
+
+def add_approval_commands(command: Command) -> None:
     """`approvals list [--tenant T] [--status S] [--run ID]` and
     `approvals decide ID --approve|--reject [--comment TEXT] --tenant T`."""
-    group = command("approvals", _usage, "list and decide approvals of tool calls")
+    group = command("approvals", None, "list and decide approvals of tool calls")
     asub = group.add_subparsers(metavar="action")
-    alist = asub.add_parser("list", help="list approvals, newest first")
+    alist = asub.add_parser(
+        "list", help="list approvals, newest first", description="List approvals, newest first."
+    )
     alist.add_argument("--tenant", help="only this tenant (name or id)")
     alist.add_argument("--status", help="Pending, Approved, Rejected, Expired or Canceled")
     alist.add_argument("--run", help="only the approvals of this run")
-    alist.add_argument("--limit", type=int, default=50)
+    alist.add_argument("--limit", type=int, default=50, help="most approvals listed (default 50)")
     alist.set_defaults(handler=cmd_approvals_list, passthrough=False)
-    decide = asub.add_parser("decide", help="approve or reject a pending approval (once)")
-    decide.add_argument("approval_id")
+    decide = asub.add_parser(
+        "decide",
+        help="approve or reject a pending approval (once)",
+        description="Approve or reject a pending approval; a decision is final.",
+    )
+    decide.add_argument("approval_id", help="the approval's id")
     verdict = decide.add_mutually_exclusive_group(required=True)
-    verdict.add_argument("--approve", dest="approve", action="store_true")
-    verdict.add_argument("--reject", dest="approve", action="store_false")
-    decide.add_argument("--comment")
+    verdict.add_argument(
+        "--approve", dest="approve", action="store_true", help="let the tool call run"
+    )
+    verdict.add_argument(
+        "--reject", dest="approve", action="store_false", help="refuse the tool call"
+    )
+    decide.add_argument("--comment", help="a note kept with the decision")
     decide.add_argument("--tenant", required=True, help="tenant name or id")
     decide.set_defaults(handler=cmd_approvals_decide, passthrough=False)
 
 
-def add_idempotency_commands(command: Any) -> None:
+def add_idempotency_commands(command: Command) -> None:
     """`idempotency list --in-progress` and `idempotency release KEY --tenant T`."""
-    group = command("idempotency", _usage, "inspect and release HTTP idempotency records")
+    group = command("idempotency", None, "inspect and release HTTP idempotency records")
     isub = group.add_subparsers(metavar="action")
-    ilist = isub.add_parser("list", help="list InProgress records (left by a crash)")
+    ilist = isub.add_parser(
+        "list",
+        help="list InProgress records (left by a crash)",
+        description="List InProgress idempotency records (left by a crash), oldest first.",
+    )
     ilist.add_argument(
         "--in-progress", action="store_true", help="InProgress records (the only ones listed)"
     )
     ilist.add_argument("--tenant", help="only this tenant (name or id)")
-    ilist.add_argument("--limit", type=int, default=100)
+    ilist.add_argument("--limit", type=int, default=100, help="most records listed (default 100)")
     ilist.set_defaults(handler=cmd_idempotency_list, passthrough=False)
-    release = isub.add_parser("release", help="delete an InProgress record so a retry executes")
-    release.add_argument("key")
+    release = isub.add_parser(
+        "release",
+        help="delete an InProgress record so a retry executes",
+        description="Delete an InProgress idempotency record, so a retry with its key executes.",
+    )
+    release.add_argument("key", help="the Idempotency-Key value")
     release.add_argument("--tenant", required=True, help="tenant name or id")
     release.set_defaults(handler=cmd_idempotency_release, passthrough=False)
 
 
-def _usage(args: argparse.Namespace, rest: list[str]) -> int:
-    """A command group named without its action: print the group's help (argparse exits)."""
-    build_parser().parse_args([*sys.argv[1:2], "--help"])
-    return 2
+def _group_help(group: argparse.ArgumentParser) -> Handler:
+    """A command group named without its action: print the group's help, exit 2."""
+
+    def show(args: argparse.Namespace, rest: list[str]) -> int:
+        group.print_help()
+        return 2
+
+    return show

@@ -4,6 +4,7 @@ arbiter), `worker`, `beat` and `flower` (Celery, with the periodic tasks install
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.util import import_app
 
-from tracon_jobs.cli.context import VAR, load_runtime, safe_url
+from tracon_jobs.cli.context import VAR, ensure_database_dir, load_runtime, safe_url
 from tracon_jobs.drain import clear_web_drain, start_web_drain
 from tracon_jobs.settings import load_settings
 
@@ -28,6 +29,7 @@ def cmd_migrate(args: argparse.Namespace, rest: list[str]) -> int:
     from tracon_jobs.db.migrate import upgrade
 
     settings = load_settings()
+    ensure_database_dir(settings.database.url)
     upgrade(settings.database.url)
     print(f"database migrated: {safe_url(settings.database.url)}")
     return 0
@@ -37,6 +39,11 @@ def cmd_migrate(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def cmd_web(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.metrics import prepare_multiprocess_dir
+
+    # Before anything records a metric, and before gunicorn forks: its workers share one
+    # directory of metric files that /metrics merges (a node's own, by its bind address).
+    prepare_multiprocess_dir(VAR / "prometheus" / re.sub(r"[^\w.-]+", "_", f"web-{args.bind}"))
     runtime = load_runtime()
     runtime.close()  # fail at startup (settings, tool modules), not in the first request
     drain = runtime.settings.drain

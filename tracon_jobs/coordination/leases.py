@@ -40,6 +40,25 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], int]
 """Milliseconds from an arbitrary origin; only differences are used."""
 
+OwnershipListener = Callable[[str, str], None]
+"""`listener(lease, change)`, change one of `acquired`, `lost`, `released` (metrics)."""
+
+_listeners: list[OwnershipListener] = []
+
+
+def on_ownership_change(listener: OwnershipListener) -> None:
+    """Call `listener` whenever a process's `Singleton` gains or gives up a lease."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def _announce(lease: str, change: str) -> None:
+    for listener in list(_listeners):
+        try:
+            listener(lease, change)
+        except Exception:  # an observer must never break the elector
+            log.debug("lease listener failed", exc_info=True)
+
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
@@ -213,6 +232,7 @@ class Singleton:
                 return True
             del self._deadlines[name]
         log.warning("lease %s ran out before it was renewed: %s stops as owner", name, self.owner)
+        _announce(name, "lost")
         return False
 
     def refresh(self) -> None:
@@ -235,6 +255,7 @@ class Singleton:
             self._deadlines.clear()
             self._wanted.clear()
         for name in held:
+            _announce(name, "released")
             try:
                 self.store.release(name, self.owner)
             except redis.RedisError as exc:
@@ -268,6 +289,7 @@ class Singleton:
             self._deadlines[name] = deadline if previous is None else max(previous, deadline)
         if previous is None:
             log.info("%s is now the owner of %s", self.owner, name)
+            _announce(name, "acquired")
         return True
 
     def _lose(self, name: str, reason: str, *, error: bool = False) -> None:
@@ -275,6 +297,7 @@ class Singleton:
             was_held = self._deadlines.pop(name, None) is not None
         if was_held:
             log.warning("%s; %s stops as owner at once", reason, self.owner)
+            _announce(name, "lost")
         elif error:
             log.warning(reason)
         else:

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -102,6 +103,7 @@ class Run(Base):
     cancel_requested_at: Mapped[datetime | None]
     waiting_since: Mapped[datetime | None]  # set while a person must act
     waited_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # MaxDuration excludes it
+    resumable: Mapped[bool] = mapped_column(Boolean, default=False)  # a job owns it (async)
 
 
 class RunEvent(Base):
@@ -204,3 +206,24 @@ class Approval(Base):
     decided_by: Mapped[str | None] = mapped_column(String(200))
     comment: Mapped[str | None] = mapped_column(Text)
     consumed_at: Mapped[datetime | None]
+
+
+class WorkflowNode(Base):
+    """A finished node of a workflow run (its checkpoint) or a question put to a person.
+
+    A continuation replays the workflow and answers each node found here in its chain
+    instead of running it; a request is answered exactly once (`asked` -> `answered`).
+    """
+
+    __tablename__ = "workflow_nodes"
+    __table_args__ = (UniqueConstraint("run_id", "node", name="uq_workflow_nodes_run_node"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    node: Mapped[str] = mapped_column(String(300))
+    kind: Mapped[str] = mapped_column(String(20))  # step | agent | ask
+    status: Mapped[str] = mapped_column(String(20))  # completed | asked | answered
+    payload: Mapped[dict[str, Any] | None]
+    result: Mapped[dict[str, Any] | None]  # {"value": ...}
+    created_at: Mapped[datetime]
+    answered_at: Mapped[datetime | None]

@@ -22,6 +22,7 @@ from typing import Literal, Protocol
 
 import redis
 
+from tracon_jobs import metrics
 from tracon_jobs.coordination.scripts import Scripts
 from tracon_jobs.errors import ProviderUnavailableError
 
@@ -305,6 +306,7 @@ class CircuitBreaker:
         changed = admission.before != admission.after
         if changed:
             log.warning("circuit %s: %s -> %s", provider, admission.before, admission.after)
+            metrics.circuit_transition(provider, admission.before, admission.after)
         if not admission.allowed:
             raise ProviderUnavailableError(provider, retry_after=admission.retry_after_ms / 1000)
         return Ticket(provider, token, admission.probe, True, admission if changed else None)
@@ -350,6 +352,7 @@ class CircuitBreaker:
         if not change.changed:
             return None
         log.warning("circuit %s: %s -> %s", ticket.provider, change.before, change.after)
+        metrics.circuit_transition(ticket.provider, change.before, change.after)
         return change
 
     def _without_store(self, provider: str, token: str, exc: Exception) -> Ticket:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Gate = Literal["model", "tool", "child"]
+Gate = Literal["model", "tool", "child", "node"]  # node: a workflow function node
 NANOS = Decimal(10**9)
 LOST = "?"
 BUDGET_TTL_MS = 7 * 24 * 3600 * 1000
@@ -227,8 +227,8 @@ def _refusal(
 ) -> str:
     if kind == "child":
         return "MaxTotalRuns" if 0 <= run_limit < tree["children"] + 1 else ""
-    if 0 <= token_limit <= tree["tokens"] + tree["reserved"]:
-        return "MaxTotalTokens"
+    if kind != "node" and 0 <= token_limit <= tree["tokens"] + tree["reserved"]:
+        return "MaxTotalTokens"  # a function node spends no tokens: only cost and time stop it
     if 0 <= cost_limit <= tree["cost"] and not tree["unknown"]:
         return "MaxTotalCost"
     if 0 <= duration_limit <= elapsed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import Protocol
 
 import redis
 
+from tracon_jobs import metrics
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.coordination.scripts import Scripts
 from tracon_jobs.errors import ProviderError
@@ -160,13 +162,18 @@ class Slots:
 
     def _wait_for_slot(self, provider: str, token: str, signal: AbortSignal) -> None:
         assert self.limit is not None
+        started = time.monotonic()
+        waited = False
         while not self._try_acquire(provider, token):
+            waited = True
             if signal.wait(POLL_SECONDS):
+                metrics.slot_wait(provider, time.monotonic() - started, waited)
                 raise ProviderError(
                     f"cancelled while waiting for a '{provider}' slot ({signal.reason})",
                     provider=provider,
                     kind="cancelled",
                 )
+        metrics.slot_wait(provider, time.monotonic() - started, waited)
 
     def _try_acquire(self, provider: str, token: str) -> bool:
         """True once held; a store that cannot be reached lets the call through (logged)."""

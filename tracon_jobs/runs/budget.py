@@ -48,6 +48,10 @@ class TreeBudget:
     def refuse_tool_call(self) -> str | None:
         return self._gate("tool")
 
+    def refuse_node(self) -> str | None:
+        """A workflow function node: `MaxTotalCost` and `MaxDuration` keep it from starting."""
+        return self._gate("node")
+
     def refuse_child(self, depth: int) -> str | None:
         if depth > self.limits.depth:
             return (
@@ -96,6 +100,11 @@ def open_budget(
     return TreeBudget(store, limits, run.root_run_id, currency, db)
 
 
+class ChainUnreadable(Exception):
+    """The runs a run continues could not all be read: it must not start with a partial
+    spend (the reliability guide: it ends `Failed` before its first call or node)."""
+
+
 def seed_totals(db: Database, root: str) -> Totals:
     """What the tree, and the chain of runs its root continues, already spent."""
     tokens, cost, children, unknown, executed = 0, Decimal(0), 0, False, 0
@@ -118,6 +127,8 @@ def seed_totals(db: Database, root: str) -> Totals:
             unknown = unknown or row[3] == "Unknown"
             executed += _executed_ms(session, current) if current != root else 0
             current = session.scalar(select(Run.continued_from_run_id).where(Run.id == current))
+        if current is not None:
+            raise ChainUnreadable(f"the chain of run {root} is longer than {MAX_CHAIN} runs")
     return Totals(tokens, cost, children, unknown, executed)
 
 
@@ -127,7 +138,8 @@ def _executed_ms(session: Session, run_id: str) -> int:
     run = session.get(Run, run_id)
     if run is None or run.started_at is None:
         return 0
-    last_sign = run.heartbeat_at if run.error_type == "orphaned" else None
+    closed_by_recovery = run.error_type in ("orphaned", "interrupted")
+    last_sign = run.heartbeat_at if closed_by_recovery else None
     end = last_sign or run.ended_at or run.heartbeat_at or run.started_at
     executed = int((end - run.started_at).total_seconds() * 1000) - (run.waited_ms or 0)
     return max(executed, 0)

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from tracon_jobs.agents.tools import WRITE_LIKE, ToolRegistry
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, ToolCallRecord
+from tracon_jobs.runs.budget import MAX_CHAIN, ChainUnreadable
 from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.ledger import ToolOutcome
 from tracon_jobs.runs.store import NewRun, RunStore
@@ -26,7 +27,6 @@ from tracon_jobs.settings import Settings
 
 log = logging.getLogger(__name__)
 
-MAX_CHAIN = 128
 CallKey = tuple[str, str]  # (tool, canonical arguments hash)
 
 
@@ -190,6 +190,8 @@ def _chain(db: Database, first: str) -> list[str]:
         while current is not None and len(ids) < MAX_CHAIN:
             ids.append(current)
             current = session.scalar(select(Run.continued_from_run_id).where(Run.id == current))
+    if current is not None:
+        raise ChainUnreadable(f"the chain of run {first} is longer than {MAX_CHAIN} runs")
     return ids
 
 

@@ -8,9 +8,11 @@ after `Runs.RequeueAfter`; a broker that refuses the message closes the run `Fai
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tracon_jobs import metrics
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.lifecycle import ErrorClass, RunError
@@ -25,16 +27,36 @@ EXECUTE_TASK = "tracon.runs.execute"
 RUNS_QUEUE = "tracon.runs"
 
 Sender = Callable[[str], None]
+Labels = Callable[[str], tuple[str, str] | None]
+"""`labels(run_id)`: the run's (agent, tenant name), or None when unknown."""
+
+_labels: weakref.WeakKeyDictionary[Celery, Labels] = weakref.WeakKeyDictionary()
 
 
-def celery_sender(app: Celery) -> Sender:
-    """Send `tracon.runs.execute(run_id)`; a broker that is down fails within a second."""
+def label_runs_with(app: Celery, labels: Labels) -> None:
+    """Messages `celery_sender(app)` sends name their run's agent and tenant from `labels`
+    (`create_celery(..., describe=...)` sets it)."""
+    _labels[app] = labels
+
+
+def celery_sender(app: Celery, labels: Labels | None = None) -> Sender:
+    """Send `tracon.runs.execute(run_id=..., agent=..., tenant=...)`; a broker that is down
+    fails within a second.
+
+    The keyword arguments are what Flower lists for the task; the worker also accepts the
+    older positional `[run_id]`. The agent and tenant come from `labels` (else the one
+    registered for `app`); a run they cannot be read for is sent with its id alone.
+    """
 
     def send(run_id: str) -> None:
+        kwargs: dict[str, str] = {"run_id": run_id}
+        found = _find_labels(labels or _labels.get(app), run_id)
+        if found is not None:
+            kwargs["agent"], kwargs["tenant"] = found
         try:
             app.send_task(
                 EXECUTE_TASK,
-                args=[run_id],
+                kwargs=kwargs,
                 queue=RUNS_QUEUE,
                 retry=True,
                 retry_policy={
@@ -45,9 +67,21 @@ def celery_sender(app: Celery) -> Sender:
                 },
             )
         except Exception as exc:  # kombu raises many types for a broker it cannot reach
+            metrics.message_sent(ok=False)
             raise EnqueueError(f"the broker did not accept run {run_id}: {exc}") from exc
+        metrics.message_sent(ok=True)
 
     return send
+
+
+def _find_labels(labels: Labels | None, run_id: str) -> tuple[str, str] | None:
+    if labels is None:
+        return None
+    try:
+        return labels(run_id)
+    except Exception as exc:  # labels are for people; the message must still go
+        log.warning("run %s: sent without agent and tenant: %s", run_id, exc)
+        return None
 
 
 class RunDispatcher:

@@ -38,7 +38,7 @@ from tracon_jobs.resilience.budgets import BudgetStore, Limits
 from tracon_jobs.resilience.classify import classify
 from tracon_jobs.resilience.concurrency import Slots
 from tracon_jobs.runs.approvals import ApprovalStore
-from tracon_jobs.runs.budget import open_budget
+from tracon_jobs.runs.budget import ChainUnreadable, TreeBudget, open_budget
 from tracon_jobs.runs.continuation import chain_ledger
 from tracon_jobs.runs.execution import (
     Execution,
@@ -58,6 +58,7 @@ from tracon_jobs.runs.store import RunStore, TurnSpend
 from tracon_jobs.runs.subagents import SubAgents, agent_tool_schema
 from tracon_jobs.runs.toolcalls import ToolCalls, WaitingForPerson, unanswered_calls
 from tracon_jobs.settings import AgentSettings, Settings
+from tracon_jobs.workflows.runner import WorkflowRunner
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class RunExecutor:
         children: SubAgents,
         approvals: ApprovalStore,
         *,
+        workflows: WorkflowRunner | None = None,
         owner_id: str,
         draining: threading.Event,
         sleep: Sleep | None = None,
@@ -103,6 +105,7 @@ class RunExecutor:
         self.draining = draining  # set once a graceful stop began: claim nothing new
         self.ledger = Ledger(runs)
         self.approvals = approvals
+        self.workflows = workflows  # runs of kind `workflow` go to it
         self.tool_calls = ToolCalls(
             runs,
             self.ledger,
@@ -124,6 +127,9 @@ class RunExecutor:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
             return "dropped"
         claim, run = claimed
+        unknown = self._unknown_here(run)
+        if unknown is not None:
+            return self._leave_for_another_worker(claim, run, unknown)
         signal = AbortSignal()
         self.live_runs.register(claim, signal)
         if run.cancel_requested_at is not None:  # canceled between its claim and now
@@ -136,7 +142,43 @@ class RunExecutor:
         finally:
             self.live_runs.unregister(run_id)
 
+    def _unknown_here(self, run: Run) -> str | None:
+        """What this worker's configuration lacks to run `run` (an older deploy), if anything."""
+        if run.kind == "workflow":
+            if self.workflows is None or not self.workflows.knows(run.agent):
+                return f"workflow '{run.agent}'"
+            return None
+        agent = self.settings.agents.get(run.agent)
+        if agent is None:
+            return f"agent '{run.agent}'"
+        missing = [name for name in agent.tools if self.tools.get(name) is None]
+        return f"tool '{missing[0]}' (of agent '{run.agent}')" if missing else None
+
+    def _leave_for_another_worker(self, claim: Claim, run: Run, unknown: str) -> str:
+        """Release a run this worker cannot execute; fail it once nobody could for a while.
+
+        A worker that knows the run re-claims it after the requeue scan re-sends it; when
+        `Runs.RequeueAfter` has passed since it was submitted and it still reached only
+        workers that lack it, no worker has it, and the run fails saying what is missing.
+        """
+        deadline = run.created_at + self.settings.runs.requeue_after
+        if run.heartbeat_at is not None and run.heartbeat_at >= deadline:
+            error = RunError(
+                "configuration_error",
+                ErrorClass.CONFIGURATION,
+                f"no worker has {unknown} configured (waited Runs.RequeueAfter, "
+                f"{self.settings.runs.requeue_after.total_seconds():g}s, for one)",
+            )
+            self.runs.finish(claim, RunStatus.FAILED, error=error)
+            log.error("run %s failed: no worker has %s", run.id, unknown)
+            return RunStatus.FAILED.value
+        log.warning("run %s left queued: %s is not configured on %s", run.id, unknown, claim.owner)
+        self.runs.release(claim, f"{unknown} is not configured on worker {claim.owner}")
+        return "released"
+
     def _run_to_end(self, claim: Claim, run: Run, signal: AbortSignal) -> RunStatus:
+        if run.kind == "workflow" and self.workflows is not None:
+            return self.workflows.run(claim, run, signal)
         execution: Execution | None = None
         try:
             execution = self._prepare(claim, run, signal)
@@ -179,12 +221,20 @@ class RunExecutor:
             raise config_failure(f"agent '{run.agent}' is not configured")
         tools = self._resolve_tools(agent)
         first_call = 0 if claim.fence == 1 else self.ledger.next_turn(run.id)
-        chain = chain_ledger(self.db, run)
-        limits = Limits.from_settings(self.settings.agent_graph)
-        budget = open_budget(self.budgets, self.db, limits, run, self.settings.pricing.currency)
+        try:
+            chain = chain_ledger(self.db, run)
+            budget = self._open_budget(run)
+        except ChainUnreadable as exc:
+            error = RunError("chain_unreadable", ErrorClass.INFRASTRUCTURE, str(exc))
+            raise RunFailure(error) from exc
         return Execution(
             claim, run, agent, tools, signal, first_call, first_call, chain=chain, budget=budget
         )
+
+    def _open_budget(self, run: Run) -> TreeBudget:
+        """The tree's shared budget, seeded from SQL (the chain read once, all or nothing)."""
+        limits = Limits.from_settings(self.settings.agent_graph)
+        return open_budget(self.budgets, self.db, limits, run, self.settings.pricing.currency)
 
     def _resolve_tools(self, agent: AgentSettings) -> dict[str, ToolSpec]:
         tools: dict[str, ToolSpec] = {}
@@ -410,6 +460,7 @@ class RunExecutor:
             "provider": link.provider_name,
             "model": response.model,
             "finishReason": response.finish_reason,
+            "text": response.text or "",
             "toolCalls": len(response.tool_calls),
             "usage": {
                 "inputTokens": spend.input_tokens,

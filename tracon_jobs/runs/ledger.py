@@ -157,6 +157,16 @@ class Ledger:
             )
         self.store.publish(event)
 
+    def calls(self, run_id: str) -> list[ToolCallRecord]:
+        """The run's ledger rows, in the order they were recorded (by id)."""
+        query = (
+            select(ToolCallRecord)
+            .where(ToolCallRecord.run_id == run_id)
+            .order_by(ToolCallRecord.id)
+        )
+        with self.store.db.read() as session:
+            return list(session.scalars(query).all())
+
     def next_turn(self, run_id: str) -> int:
         """The first ledger turn number free for a new execution of this run."""
         query = select(func.max(ToolCallRecord.turn)).where(ToolCallRecord.run_id == run_id)

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.continuation import Continuations
@@ -34,11 +35,16 @@ class Reconciler:
     """The orphan scan: closes silent runs and hands orphans to `Continuations`."""
 
     def __init__(
-        self, config: RunReconciliationSettings, runs: RunStore, continuations: Continuations
+        self,
+        config: RunReconciliationSettings,
+        runs: RunStore,
+        continuations: Continuations,
+        jobs: JobRecovery | None = None,
     ) -> None:
         self.config = config
         self.runs = runs
         self.continuations = continuations
+        self.jobs = jobs  # the owner of queued workflow runs: it resumes or fails them
 
     def scan_once(
         self, now: datetime, still_owner: Callable[[], bool] = lambda: True
@@ -64,6 +70,9 @@ class Reconciler:
             result.canceled.append(run.id)
 
     def _close_orphaned(self, run: Run, silent_since: datetime, result: ReconcileResult) -> None:
+        if self.jobs is not None and run.kind == "workflow" and run.resumable:
+            self._recover_job(run, silent_since, result)
+            return
         error = RunError(
             "orphaned",
             ErrorClass.INFRASTRUCTURE,
@@ -76,3 +85,52 @@ class Reconciler:
         continuation = self.continuations.continue_orphan(run)
         if continuation is not None:
             result.continued[run.id] = continuation
+
+    def _recover_job(self, run: Run, silent_since: datetime, result: ReconcileResult) -> None:
+        """A queued workflow run's job outlives its process: it resumes the run from its
+        latest checkpoint while it has attempts left, else fails the job."""
+        assert self.jobs is not None
+        if not self.jobs.has_attempts_left(run):
+            self._close_exhausted(run, silent_since, result)
+            return
+        error = RunError(
+            "interrupted",
+            ErrorClass.INFRASTRUCTURE,
+            "its process stopped mid-run; the job continues it from its latest checkpoint",
+        )
+        if not self.runs.close_orphan(run, RunStatus.FAILED, error, silent_since):
+            return
+        result.orphaned.append(run.id)
+        closed = self.runs.get(run.id)
+        assert closed is not None
+        resumed = self.jobs.resume(closed)
+        log.warning("workflow run %s interrupted; the job continues it in %s", run.id, resumed.id)
+        result.continued[run.id] = resumed.id
+
+    def _close_exhausted(self, run: Run, silent_since: datetime, result: ReconcileResult) -> None:
+        error = RunError(
+            "orphaned",
+            ErrorClass.INFRASTRUCTURE,
+            f"no heartbeat since {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC; its process is gone "
+            "and its job has no attempts left",
+        )
+        if not self.runs.close_orphan(run, RunStatus.FAILED, error, silent_since):
+            return
+        result.orphaned.append(run.id)
+        data = {"error": JOB_ATTEMPTS_EXHAUSTED, "attempts": run.attempt}
+        self.runs.append(None, "JobFailed", data, run_id=run.id)
+        log.error(
+            "workflow run %s: %s after %d attempts", run.id, JOB_ATTEMPTS_EXHAUSTED, run.attempt
+        )
+        self.continuations.continue_orphan(run)  # records why it is not continued
+
+
+JOB_ATTEMPTS_EXHAUSTED = "tracon.job.attempts-exhausted"
+
+
+class JobRecovery(Protocol):
+    """Who owns a queued workflow run's job (the workflow package)."""
+
+    def has_attempts_left(self, run: Run) -> bool: ...
+
+    def resume(self, run: Run) -> Run: ...

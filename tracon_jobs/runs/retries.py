@@ -17,9 +17,10 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from tracon_jobs import metrics
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import WRITE_LIKE, ToolContext, ToolSpec
-from tracon_jobs.errors import ToolCanceledError, ToolError
+from tracon_jobs.errors import ToolCanceledError, ToolError, ToolTimeoutError
 from tracon_jobs.runs.toolrunner import run_attempt
 
 Sleep = Callable[[float], None]
@@ -63,19 +64,35 @@ def run_with_retries(
         finally:
             per_attempt.abort("done")
 
+    def before_retry(state: Any) -> None:
+        metrics.tool_retry(spec.name)
+        on_retry(attempt + 1, _error_of(state.outcome))
+
     retrying = Retrying(
         stop=stop_after_attempt(spec.retry.max_attempts + 1),
         wait=wait_exponential(multiplier=spec.retry.backoff_ms / 1000, max=60),
         retry=retry_if_exception(lambda error: may_retry(spec, error)),
         sleep=sleep or _interruptible(run_signal),
-        before_sleep=lambda state: on_retry(attempt + 1, _error_of(state.outcome)),
+        before_sleep=before_retry,
         reraise=True,
     )
     try:
-        return Attempted(retrying(one_attempt), attempt)
+        done = Attempted(retrying(one_attempt), attempt)
     except ToolError as error:
         error.attempts = attempt
+        metrics.tool_call(spec.name, outcome_of(error))
         raise
+    metrics.tool_call(spec.name, "succeeded")
+    return done
+
+
+def outcome_of(error: ToolError) -> str:
+    """The `outcome` label of a failed tool execution: timeout, canceled or failed."""
+    if isinstance(error, ToolTimeoutError):
+        return "timeout"
+    if isinstance(error, ToolCanceledError):
+        return "canceled"
+    return "failed"
 
 
 def _with(context: ToolContext, attempt: int, signal: AbortSignal) -> ToolContext:

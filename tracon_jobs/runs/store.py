@@ -81,6 +81,7 @@ _APPEND_SPEND = _APPEND_FENCED.values(
     ),
 )
 _APPEND_COST = _APPEND_FENCED.values(cost_amount=RUNS.c.cost_amount + _param(RUNS.c.cost_amount))
+_APPEND_MANY_FENCED = _APPEND_FENCED.values(event_seq=RUNS.c.event_seq + bindparam("p_count"))
 _INSERT_EVENT = insert(EVENTS)
 _CREATE = (
     insert(RUNS)
@@ -157,6 +158,7 @@ class NewRun:
     continued_from_run_id: str | None = None
     attempt: int = 1
     currency: str = "USD"
+    resumable: bool = False  # a job owns it (submitted respond-async): it may be resumed
     id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
@@ -198,6 +200,13 @@ class RunStore:
 
     def create(self, new: NewRun) -> Run:
         """Write the `Queued` row and its `RunQueued` event before any message is sent."""
+        with self.db.write() as session:
+            run, event = self.create_in(session, new)
+        self.publish(event)
+        return run
+
+    def create_in(self, session: Session, new: NewRun) -> tuple[Run, Event]:
+        """`create` inside a transaction of the caller's; the caller publishes the event."""
         row: dict[str, Any] = dict(
             id=new.id,
             tenant_id=new.tenant_id,
@@ -222,13 +231,12 @@ class RunStore:
             event_seq=1,
             enqueue_count=1,
             waited_ms=0,
+            resumable=new.resumable,
         )
-        with self.db.write() as session:
-            now = session.execute(_CREATE, {**row, **self.db.clock_params()}).scalar_one()
-            _insert_event(session, new.id, 1, "RunQueued", now, {"agent": new.agent})
+        now = session.execute(_CREATE, {**row, **self.db.clock_params()}).scalar_one()
+        _insert_event(session, new.id, 1, "RunQueued", now, {"agent": new.agent})
         row.update(created_at=now, enqueued_at=now)
-        self.publish(Event(new.id, 1, "RunQueued", now, {"agent": new.agent}))
-        return _detached_run(row)
+        return _detached_run(row), Event(new.id, 1, "RunQueued", now, {"agent": new.agent})
 
     def mark_enqueued(self, run_id: str) -> None:
         with self.db.write() as session:
@@ -282,6 +290,28 @@ class RunStore:
             event = self.append_in(session, claim, type_, data, run_id=run_id)
         self.publish(event)
         return event
+
+    def append_all(self, claim: Claim, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Append several fenced events at once: one seq update, one multi-row insert and
+        one wake-up of the followers, however many events."""
+        if not events:
+            return
+        params = {"p_id": claim.run_id, "p_fence": claim.fence, "p_count": len(events)}
+        with self.db.write() as session:
+            row = session.execute(
+                _APPEND_MANY_FENCED, {**params, **self.db.clock_params()}
+            ).one_or_none()
+            if row is None:
+                raise RunTakenAway(f"run {claim.run_id} is no longer owned by fence {claim.fence}")
+            last, at = row
+            first = last - len(events) + 1
+            rows = [
+                {"run_id": claim.run_id, "seq": first + i, "type": type_, "at": at, "data": data}
+                for i, (type_, data) in enumerate(events)
+            ]
+            session.execute(_INSERT_EVENT, rows)
+        type_, data = events[-1]
+        self.publish(Event(claim.run_id, last, type_, at, data))
 
     def append_in(
         self,
@@ -475,6 +505,23 @@ class RunStore:
         return (
             self._close(run_id, RunStatus.QUEUED, None, RunStatus.CANCELED, error=error) is not None
         )
+
+    def release(self, claim: Claim, reason: str) -> bool:
+        """Give a claimed run back to the queue untouched, for a worker that can run it.
+
+        Its send time is kept, so the requeue scan re-sends it once `Runs.RequeueAfter`
+        has passed since then; nothing of the run itself changed.
+        """
+        with self.db.write() as session:
+            event = self.append_in(session, claim, "RunReleased", {"reason": reason})
+            session.execute(
+                update(RUNS)
+                .where(RUNS.c.id == claim.run_id, *_OWNED)
+                .values(status=RunStatus.QUEUED.value, owner=None, heartbeat_at=None),
+                {"p_fence": claim.fence},
+            )
+        self.publish(event)
+        return True
 
     def close_waiting(self, run_id: str, error: RunError) -> bool:
         """Close a run that waits for a person; it holds no worker, so nothing else stops."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracon_jobs.db.models import Approval, Run
+from tracon_jobs.db.models import Approval, Run, ToolCallRecord
 from tracon_jobs.runs.store import iso
 
 
@@ -68,4 +68,30 @@ def approval_json(approval: Approval) -> dict[str, Any]:
         "decidedBy": approval.decided_by,
         "comment": approval.comment,
         "consumedAt": iso(approval.consumed_at),
+    }
+
+
+def tool_call_json(record: ToolCallRecord) -> dict[str, Any]:
+    """One ledger row: the call, its stored result or error, its attempts and times."""
+    error: dict[str, Any] | None = None
+    if record.error_code is not None or record.error_message is not None:
+        error = {"code": record.error_code, "message": record.error_message}
+    duration_ms: int | None = None
+    if record.started_at is not None and record.ended_at is not None:
+        duration_ms = round((record.ended_at - record.started_at).total_seconds() * 1000)
+    return {
+        "id": record.id,
+        "turn": record.turn,
+        "callId": record.call_id,
+        "tool": record.tool,
+        "arguments": record.arguments,
+        "executionId": record.execution_id,
+        "idempotencyKey": record.idempotency_key,
+        "status": record.status,
+        "result": (record.result or {}).get("value"),
+        "error": error,
+        "attempts": record.attempt,
+        "startedAt": iso(record.started_at),
+        "endedAt": iso(record.ended_at),
+        "durationMs": duration_ms,
     }

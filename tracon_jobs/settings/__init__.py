@@ -12,6 +12,7 @@ from tracon_jobs.settings.loading import (
     ENV_PREFIX,
     ENV_SHORTCUTS,
     apply_environment,
+    environment_sources,
     load_settings,
 )
 from tracon_jobs.settings.sections import (
@@ -47,6 +48,7 @@ from tracon_jobs.settings.types import (
     AtLeastOne,
     AtLeastZero,
     Duration,
+    Flag,
     LeaseDuration,
     NonEmptyStr,
     NonNegativeDecimal,
@@ -74,6 +76,7 @@ __all__ = [
     "DrainSettings",
     "Duration",
     "FallbackLink",
+    "Flag",
     "IdempotencySettings",
     "LeaseDuration",
     "ModelBinding",
@@ -102,6 +105,7 @@ __all__ = [
     "WorkflowsSettings",
     "apply_environment",
     "configuration_error",
+    "environment_sources",
     "load_settings",
     "normalize_key",
 ]

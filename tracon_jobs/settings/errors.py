@@ -5,6 +5,8 @@ reads the setting as they wrote it and the rule it broke, never pydantic's wordi
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -28,11 +30,28 @@ _PHRASES = {
 }
 
 
-def configuration_error(exc: ValidationError) -> ConfigurationError:
-    """The first problem pydantic found, named the way the operator wrote the setting."""
+def configuration_error(
+    exc: ValidationError, sources: Mapping[tuple[str, ...], str] | None = None
+) -> ConfigurationError:
+    """The first problem pydantic found, named the way the operator wrote the setting, and the
+    environment variable it came from when `sources` (normalized path -> variable) has one."""
     error = exc.errors(include_url=False)[0]
     setting = _setting_path(error)
-    return ConfigurationError(setting or ROOT_KEY, _rule_of(error, setting))
+    rule = _rule_of(error, setting)
+    variable = _variable_of(setting, sources or {})
+    if variable is not None:
+        rule += f" (from environment variable {variable})"
+    return ConfigurationError(setting or ROOT_KEY, rule)
+
+
+def _variable_of(setting: str, sources: Mapping[tuple[str, ...], str]) -> str | None:
+    """The variable that set `setting` or the nearest section above it."""
+    parts = tuple(normalize_key(part) for part in re.split(r"[.\[\]]+", setting) if part)
+    for length in range(len(parts), 0, -1):
+        variable = sources.get(parts[:length])
+        if variable is not None:
+            return variable
+    return None
 
 
 def _setting_path(error: ErrorDetails) -> str:

@@ -15,6 +15,7 @@ from tracon_jobs.errors import ConfigurationError
 from tracon_jobs.settings import defaults
 from tracon_jobs.settings.keys import ROOT_KEY, normalize_key
 from tracon_jobs.settings.sections import Settings
+from tracon_jobs.settings.types import EnvText
 
 CONFIG_ENV_VAR = "TRACON_CONFIG"
 """Names the configuration file; also the setting a file problem is reported under."""
@@ -40,7 +41,21 @@ def load_settings(
     """
     environ = os.environ if environ is None else environ
     data = _read_root(_config_file(config_path, environ))
-    return Settings.from_mapping(apply_environment(data, environ))
+    settings = Settings.from_mapping(apply_environment(data, environ), environment_sources(environ))
+    for setting, variable in settings.missing_key_variables(environ):
+        # A client built without its key would send a placeholder and fail on every call.
+        raise ConfigurationError(
+            setting,
+            f"names the environment variable {variable}, which is not set "
+            "(set it, empty for a server that needs no key, or remove ApiKeyEnv)",
+        )
+    return settings
+
+
+def environment_sources(environ: Mapping[str, str]) -> dict[tuple[str, ...], str]:
+    """The variable behind each setting path the environment overrides (keys normalized), so
+    an invalid value is reported with the variable that holds it."""
+    return {tuple(normalize_key(part) for part in path): name for name, path in _overrides(environ)}
 
 
 def _config_file(
@@ -105,12 +120,13 @@ def _env_path(name: str) -> tuple[str, ...]:
 
 
 def _env_value(name: str, text: str) -> Any:
-    """JSON for objects, arrays and null; everything else stays text for pydantic to convert."""
+    """JSON for objects, arrays and null; everything else stays text for pydantic to convert,
+    marked as coming from the environment (where a boolean may be the text `true`)."""
     stripped = text.strip()
     if stripped.lower() == "null":
         return None
     if not stripped.startswith(("[", "{")):
-        return text
+        return EnvText(text)
     try:
         return json.loads(stripped)
     except json.JSONDecodeError as exc:

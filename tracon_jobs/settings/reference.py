@@ -30,6 +30,7 @@ from tracon_jobs.settings.loading import (
     ENV_PREFIX,
     ENV_SHORTCUTS,
     apply_environment,
+    environment_sources,
 )
 from tracon_jobs.settings.sections import Settings
 from tracon_jobs.settings.types import Rule
@@ -50,7 +51,8 @@ tracon-jobs reads one JSON file with a `"{root}"` root object: the file named by
 else `{config_file}` in the working directory if there is one; with neither, every setting keeps
 its default. Other roots in the file (e.g. `"Logging"`) are ignored. Keys match
 case-insensitively and `snake_case` works too (`"FailureThreshold"`, `"failureThreshold"` and
-`"failure_threshold"` are the same key); an unknown key is an error.
+`"failure_threshold"` are the same key); an unknown key is an error, which suggests the known key
+when one is close (`did you mean "FailureThreshold"?`).
 
 **Environment variables** override the file: `{env_prefix}` followed by the setting's path with
 `__` between sections, case-insensitive, e.g. `{env_prefix}CIRCUITBREAKER__FAILURETHRESHOLD=3` or
@@ -59,11 +61,15 @@ case-insensitively and `snake_case` works too (`"FailureThreshold"`, `"failureTh
 {shortcuts};
 the `{env_prefix}…` form wins when both are set.
 
+**Booleans** are JSON `true` or `false` only: `"yes"`, `0` or `"true"` in the file are errors.
+An environment variable, whose value is always text, writes them `true` or `false` (any case).
+
 **Durations** are `"hh:mm:ss"`, `"hh:mm:ss.fff"`, `"d.hh:mm:ss.fff"` (.NET TimeSpan text) or a
 number of seconds (`30`, `0.5`, `"90"`).
 
 **Invalid values fail at startup**, naming the setting and the rule it breaks, with exit code 78
-(`EX_CONFIG`), never later in the middle of a run:
+(`EX_CONFIG`), never later in the middle of a run; a value that came from an environment variable
+is reported with the variable's name:
 
 ```text
 $ {example_env}={example_value} tracon-jobs migrate
@@ -133,7 +139,8 @@ def _example_error() -> str:
     """The message the intro's example really produces, so the example cannot go stale."""
     example_env, example_value = _EXAMPLE_OVERRIDE
     try:
-        Settings.from_mapping(apply_environment({}, {example_env: example_value}))
+        environ = {example_env: example_value}
+        Settings.from_mapping(apply_environment({}, environ), environment_sources(environ))
     except ConfigurationError as exc:
         return str(exc)
     raise AssertionError(f"{_EXAMPLE_OVERRIDE} should be an invalid configuration")

@@ -8,6 +8,7 @@ Python-style names (`"failure_threshold"`) and get the same result.
 
 from __future__ import annotations
 
+import difflib
 import os
 import secrets
 import socket
@@ -26,6 +27,7 @@ from tracon_jobs.settings.keys import normalize_key
 from tracon_jobs.settings.types import (
     AtLeastOne,
     AtLeastZero,
+    Flag,
     LeaseDuration,
     NonEmptyStr,
     NonNegativeDecimal,
@@ -67,7 +69,27 @@ class ConfigModel(BaseModel):
             normalize_key(field.alias or name): field.alias or name
             for name, field in cls.model_fields.items()
         }
+        _suggest_for_unknown(data, aliases)
         return _renamed(data, aliases)
+
+
+SUGGESTION_CUTOFF = 0.75
+"""How alike (difflib's ratio, on normalized keys) an unknown key and a known one must be for the
+error to suggest the known one."""
+
+
+def _suggest_for_unknown(data: Mapping[Any, Any], aliases: Mapping[str, str]) -> None:
+    """An unknown key close to a known one is a typo: name the key it probably meant."""
+    for key in data:
+        if not isinstance(key, str) or normalize_key(key) in aliases:
+            continue
+        close = difflib.get_close_matches(
+            normalize_key(key), list(aliases), n=1, cutoff=SUGGESTION_CUTOFF
+        )
+        if close:
+            raise broken_rule(
+                f'is not a known setting; did you mean "{aliases[close[0]]}"?', setting=key
+            )
 
 
 def _renamed(data: Mapping[Any, Any], aliases: Mapping[str, str]) -> dict[Any, Any]:
@@ -89,7 +111,7 @@ def _renamed(data: Mapping[Any, Any], aliases: Mapping[str, str]) -> dict[Any, A
 class CircuitBreakerSettings(ConfigModel):
     """Per-provider circuit breaker: fail fast instead of queueing calls behind a sick provider."""
 
-    enabled: bool = defaults.CIRCUIT_BREAKER_ENABLED
+    enabled: Flag = defaults.CIRCUIT_BREAKER_ENABLED
     failure_threshold: AtLeastOne = defaults.FAILURE_THRESHOLD
     break_duration: PositiveDuration = defaults.BREAK_DURATION
     half_open_max_probes: AtLeastOne = defaults.HALF_OPEN_MAX_PROBES
@@ -100,14 +122,14 @@ class CircuitBreakerSettings(ConfigModel):
 class IdempotencySettings(ConfigModel):
     """`Idempotency-Key` handling on the run submission routes."""
 
-    enabled: bool = defaults.IDEMPOTENCY_ENABLED
+    enabled: Flag = defaults.IDEMPOTENCY_ENABLED
     max_key_length: AtLeastOne = defaults.MAX_IDEMPOTENCY_KEY_LENGTH
 
 
 class SingletonExecutionSettings(ConfigModel):
     """Lease-based election of the one process that runs each periodic service."""
 
-    enabled: bool = defaults.SINGLETON_EXECUTION_ENABLED
+    enabled: Flag = defaults.SINGLETON_EXECUTION_ENABLED
     lease_duration: LeaseDuration = defaults.LEASE_DURATION
     owner_id: str = defaults.OWNER_ID
 
@@ -135,7 +157,7 @@ def _new_owner_id() -> str:
 class RunReconciliationSettings(ConfigModel):
     """Heartbeats of live runs and the scan that closes silent ones as `orphaned`."""
 
-    enabled: bool = defaults.RUN_RECONCILIATION_ENABLED
+    enabled: Flag = defaults.RUN_RECONCILIATION_ENABLED
     heartbeat_interval: TimerDuration = defaults.HEARTBEAT_INTERVAL
     orphan_threshold: Annotated[PositiveDuration, Rule("at least `HeartbeatInterval`")] = (
         defaults.ORPHAN_THRESHOLD
@@ -158,15 +180,15 @@ class RunReconciliationSettings(ConfigModel):
 class RunContinuationSettings(ConfigModel):
     """Continuing an orphaned session-bound run as a new run in the same session."""
 
-    enabled: bool = defaults.RUN_CONTINUATION_ENABLED
+    enabled: Flag = defaults.RUN_CONTINUATION_ENABLED
     max_attempts: AtLeastZero = defaults.MAX_CONTINUATION_ATTEMPTS
 
 
 class WorkflowsSettings(ConfigModel):
     """Checkpoints, and resuming interrupted workflow runs from them."""
 
-    enable_checkpointing: bool = defaults.ENABLE_CHECKPOINTING
-    resume_interrupted_runs: Annotated[bool, Rule("needs `EnableCheckpointing`")] = (
+    enable_checkpointing: Flag = defaults.ENABLE_CHECKPOINTING
+    resume_interrupted_runs: Annotated[Flag, Rule("needs `EnableCheckpointing`")] = (
         defaults.RESUME_INTERRUPTED_RUNS
     )
     max_resume_attempts: Annotated[WholeNumber, between(0, defaults.MAX_RESUME_ATTEMPTS_LIMIT)] = (
@@ -242,7 +264,7 @@ class ModelConcurrencySettings(ConfigModel):
 class DrainSettings(ConfigModel):
     """Graceful stop: refuse new runs and wait a while for the ones in flight."""
 
-    enabled: bool = defaults.DRAIN_ENABLED
+    enabled: Flag = defaults.DRAIN_ENABLED
     timeout: PositiveDuration = defaults.DRAIN_TIMEOUT
 
 
@@ -256,13 +278,13 @@ class ApprovalsSettings(ConfigModel):
 class ToolLoopSettings(ConfigModel):
     """How the tools one model turn asks for are run."""
 
-    allow_concurrent_tool_calls: bool = defaults.ALLOW_CONCURRENT_TOOL_CALLS
+    allow_concurrent_tool_calls: Flag = defaults.ALLOW_CONCURRENT_TOOL_CALLS
 
 
 class RetentionSettings(ConfigModel):
     """Deleting old records; off unless an operator decides what may go."""
 
-    enabled: bool = defaults.RETENTION_ENABLED
+    enabled: Flag = defaults.RETENTION_ENABLED
     idempotency: PositiveDuration = defaults.IDEMPOTENCY_RETENTION
 
     @property
@@ -346,7 +368,8 @@ class ProviderSettings(ConfigModel):
     api_key_env: str | None = Field(
         None,
         description="Environment variable that holds the key, read when the client is built, so "
-        "a rotated key is picked up at the next start.",
+        "a rotated key is picked up at the next start. A variable that is not set fails at "
+        "startup (set it empty for a server that needs no key).",
     )
     timeout_seconds: PositiveFloat = defaults.PROVIDER_TIMEOUT_SECONDS
     script: list[ScriptStep] = Field(
@@ -485,6 +508,10 @@ class Settings(ConfigModel):
     tool_modules: list[NonEmptyStr] = Field(
         [], description="Modules imported at startup, so that their `@tool` functions register."
     )
+    workflow_modules: list[NonEmptyStr] = Field(
+        [],
+        description="Modules imported at startup, so that their `@workflow` functions register.",
+    )
 
     @model_validator(mode="after")
     def _agents_name_known_providers(self) -> Settings:
@@ -512,9 +539,20 @@ class Settings(ConfigModel):
         return self
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> Settings:
-        """Validate the contents of the `Tracon` root, reporting as `ConfigurationError`."""
+    def from_mapping(
+        cls, data: Mapping[str, Any], sources: Mapping[tuple[str, ...], str] | None = None
+    ) -> Settings:
+        """Validate the contents of the `Tracon` root, reporting as `ConfigurationError`;
+        `sources` names the environment variable behind each overridden setting path
+        (normalized keys), so an error in one of them names its variable."""
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise configuration_error(exc) from None  # the cause may quote a secret
+            raise configuration_error(exc, sources) from None  # the cause may quote a secret
+
+    def missing_key_variables(self, environ: Mapping[str, str]) -> Iterator[tuple[str, str]]:
+        """(setting, variable) for each provider whose `ApiKeyEnv` names an unset variable."""
+        for name, provider in self.providers.items():
+            variable = provider.api_key_env
+            if provider.api_key is None and variable and variable not in environ:
+                yield f"Providers.{name}.ApiKeyEnv", variable

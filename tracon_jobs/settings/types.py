@@ -127,6 +127,22 @@ def _whole_number(value: object) -> object:
     return value
 
 
+class EnvText(str):
+    """Text that came from an environment variable, where every value is a string: the one
+    place a boolean may be written `"true"` or `"false"` (any case)."""
+
+
+def _flag(value: object) -> bool:
+    """Only JSON `true`/`false` (or their text from an environment variable): `"yes"`, `0` or
+    `"off"` in a file are typos more often than intent, and pydantic would guess."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, EnvText) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    shown = json.dumps(str(value) if isinstance(value, str) else value, default=str)
+    raise broken_rule(f"must be true or false (got {shown})")
+
+
 def _duration(value: Any) -> timedelta:
     try:
         return parse_duration(value)
@@ -138,6 +154,8 @@ def _optional_duration(value: Any) -> timedelta | None:
     return None if value is None else _duration(value)
 
 
+Flag = Annotated[bool, BeforeValidator(_flag)]
+"""A boolean: JSON `true` or `false`, or `true`/`false` (any case) from an environment variable."""
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 """An integer that refuses JSON booleans."""
 AtLeastZero = Annotated[WholeNumber, at_least(0)]

@@ -1,6 +1,7 @@
 -- Check a tree's budget before a model call, a tool call or a child run, and reserve.
 -- KEYS[1] budget hash {tokens, reserved, cost_nanos, children, unknown_price, started_ms}
--- ARGV[1] kind: 'model' | 'tool' | 'child'
+-- ARGV[1] kind: 'model' | 'tool' | 'child' | 'node' (a workflow function node: cost and
+--   time only, it spends no tokens)
 -- ARGV[2] token limit (-1 none)   ARGV[3] cost limit nanos (-1 none)
 -- ARGV[4] duration limit ms (-1 none)   ARGV[5] run limit (-1 none)
 -- ARGV[6] tokens to reserve (model calls)
@@ -31,7 +32,9 @@ if kind == 'child' then
   children = children + 1
   return answer('')
 end
-if token_limit >= 0 and tokens + reserved >= token_limit then return answer('MaxTotalTokens') end
+if kind ~= 'node' and token_limit >= 0 and tokens + reserved >= token_limit then
+  return answer('MaxTotalTokens')
+end
 if cost_limit >= 0 and not unknown and cost >= cost_limit then return answer('MaxTotalCost') end
 if duration_limit >= 0 and elapsed >= duration_limit then return answer('MaxDuration') end
 if kind == 'model' and tonumber(ARGV[6]) > 0 then

@@ -1,0 +1,270 @@
+"""Workflows in one process over real SQL (both backends) and Redis: checkpoints and replay,
+a question answered across runs of one chain with its budget carried, operator resume, the
+budget gate of function nodes, and what a continuation reads once (the chain)."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from tests import workflows
+from tests.helpers import MakeRuntime, scripted_agent
+from tracon_jobs.db.models import Run
+from tracon_jobs.errors import ConfigurationError, RunTakenAway
+from tracon_jobs.runs.budget import seed_totals
+from tracon_jobs.runs.lifecycle import Claim
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runtime import Runtime
+from tracon_jobs.settings import Settings
+from tracon_jobs.workflows import WorkflowContext
+from tracon_jobs.workflows.store import RequestConflict, ResumeConflict
+
+DRAFT = [{"Text": "Sorry for the delay.", "InputTokens": 100, "OutputTokens": 20}]
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    workflows.ran.clear()
+
+
+def runtime_for(make_runtime: MakeRuntime, sql_url: str, **sections: Any) -> Runtime:
+    config = scripted_agent(DRAFT)
+    config["WorkflowModules"] = ["tests.workflows"]
+    config.setdefault("Workflows", {"EnableCheckpointing": True})
+    config.update(sections)
+    return make_runtime(sql_url, sender=lambda _run_id: None, **config)
+
+
+def start(runtime: Runtime, name: str, payload: dict[str, Any], tenant: str = "acme") -> str:
+    tenant_id = runtime.tenants.ensure_tenant(tenant)
+    new = NewRun(tenant_id=tenant_id, agent=name, kind="workflow", input=payload, session_id="s")
+    return runtime.runs.create(new).id
+
+
+def run_of(runtime: Runtime, run_id: str) -> Run:
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    return run
+
+
+def types(runtime: Runtime, run_id: str) -> list[str]:
+    return [event.type for event in runtime.runs.events(run_id)]
+
+
+def test_a_workflow_with_a_question_completes_across_respond(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url)
+    first = start(runtime, "review", {"orderId": "A-1"})
+
+    # Given the first run ran two nodes and waits for a person
+    assert runtime.executor.execute(first) == "Waiting"
+    waiting = run_of(runtime, first)
+    assert waiting.status == "Waiting" and waiting.owner is None
+    assert workflows.ran == ["load-order"]
+    assert "WorkflowRequestCreated" in types(runtime, first)
+
+    # When the person answers
+    second = runtime.workflow_resumes.respond(waiting, {"text": "send it"})
+    assert runtime.executor.execute(second.id) == "Completed"
+
+    # Then the answer continues the chain; finished nodes are replayed, not run again
+    done = run_of(runtime, second.id)
+    assert done.output == {"result": {"reply": "A-1: send it"}}
+    assert done.continued_from_run_id == first and done.session_id == "s"
+    assert workflows.ran == ["load-order", "finish"]
+    assert types(runtime, second.id).count("WorkflowNodeReplayed") == 3
+    closed = run_of(runtime, first)
+    assert closed.status == "Completed" and closed.output == {"continuedIn": second.id}
+    children = [r for r in runtime.runs.tree(first, closed.tenant_id) if r.id != first]
+    assert [r.agent for r in children] == ["demo"]  # the agent node ran once, in the first run
+    # And the budget of the second run starts from what the first one spent
+    carried = seed_totals(runtime.db, second.id)
+    assert carried.tokens == 120 and carried.cost == Decimal("0.00014")
+    with pytest.raises(RequestConflict):
+        runtime.workflow_resumes.respond(closed, {"text": "again"})
+
+
+def test_time_waiting_for_the_answer_is_not_executed_time(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url)
+    first = start(runtime, "hundred", {})
+    assert runtime.executor.execute(first) == "Waiting"
+    time.sleep(0.3)
+
+    second = runtime.workflow_resumes.respond(run_of(runtime, first), None)
+
+    waited = run_of(runtime, first)
+    assert waited.waited_ms >= 300
+    assert waited.ended_at is not None and waited.started_at is not None
+    wall_ms = (waited.ended_at - waited.started_at).total_seconds() * 1000
+    assert abs(seed_totals(runtime.db, second.id).executed_ms - (wall_ms - waited.waited_ms)) < 5
+
+
+def test_a_function_node_is_refused_by_cost_and_resumes_after_the_setting_is_raised(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    config = {"AgentGraph": {"MaxTotalCost": 0.5}}
+    runtime = runtime_for(make_runtime, sql_url, **config)
+    first = start(runtime, "paid", {"amount": 0.5})
+
+    assert runtime.executor.execute(first) == "Failed"
+    failed = run_of(runtime, first)
+    assert (failed.error_type, failed.error_class) == ("run_budget_exceeded", "QuotaExceeded")
+    assert "second#1" in (failed.error_message or "")  # 0.5 spent: the next node is refused
+    assert "MaxTotalCost" in (failed.error_message or "")
+    assert workflows.ran == ["first"]
+
+    # When the operator raises the setting and resumes
+    raised = runtime_for(make_runtime, sql_url, AgentGraph={"MaxTotalCost": 5})
+    resumed = raised.workflow_resumes.resume(failed)
+    assert raised.executor.execute(resumed.id) == "Completed"
+    assert run_of(raised, resumed.id).output == {"result": ["first", "second", "store"]}
+    assert workflows.ran == ["first", "second", "store"]  # no node ran twice
+
+    with pytest.raises(ResumeConflict):
+        raised.workflow_resumes.resume(run_of(raised, resumed.id))  # a completed run
+    with pytest.raises(ResumeConflict):
+        raised.workflow_resumes.resume(failed)  # resumed already
+
+
+def test_a_node_marked_to_start_when_the_budget_is_spent_still_runs(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url, AgentGraph={"MaxTotalCost": 0.5})
+    run_id = start(runtime, "paid", {"amount": 0.3})
+
+    assert runtime.executor.execute(run_id) == "Completed"  # 0.6 spent before `store` starts
+    assert workflows.ran == ["first", "second", "store"]
+
+
+def test_tokens_do_not_stop_a_function_node(make_runtime: MakeRuntime, sql_url: str) -> None:
+    runtime = runtime_for(make_runtime, sql_url, AgentGraph={"MaxTotalTokens": 1})
+    run_id = start(runtime, "paid", {"amount": 0.1})
+
+    assert runtime.executor.execute(run_id) == "Completed"
+
+
+def test_a_failed_node_is_retried_when_asked(make_runtime: MakeRuntime, sql_url: str) -> None:
+    runtime = runtime_for(make_runtime, sql_url)
+    run_id = start(runtime, "flaky", {})
+
+    assert runtime.executor.execute(run_id) == "Completed"
+    assert workflows.ran == ["flaky", "flaky"]
+    assert types(runtime, run_id).count("WorkflowNodeFailed") == 1
+
+
+def test_replaying_a_hundred_checkpoints_is_cheap(make_runtime: MakeRuntime, sql_url: str) -> None:
+    """Replaying 100 checkpointed nodes: one read of the chain's checkpoints before, one write
+    of their replay events after. Measured here: 2-6 ms (SQLite), 3-8 ms (PostgreSQL)."""
+    runtime = runtime_for(make_runtime, sql_url)
+    first = start(runtime, "hundred", {})
+    assert runtime.executor.execute(first) == "Waiting"
+    second = runtime.workflow_resumes.respond(run_of(runtime, first), None)
+    claim, run, signal = _claimed(runtime, second.id)
+    stale = Claim(first, 0, "nobody")  # a worker compiles its statements once per process
+    with pytest.raises(RunTakenAway):
+        runtime.runs.append_all(stale, [("WorkflowNodeReplayed", {})])
+
+    timings = []
+    for _ in range(3):  # the best of three: the machine runs other tests beside this one
+        execution = runtime.workflow_runner._prepare(claim, run, signal)
+        assert len(execution.recorded) == 101
+        started = time.perf_counter()
+        total = workflows.hundred(WorkflowContext(execution), {})
+        execution.flush_replays()
+        timings.append((time.perf_counter() - started) * 1000)
+    print(f"replayed 100 checkpointed nodes and a question in {min(timings):.1f} ms (best of 3)")
+
+    assert total == sum(range(100))
+    assert types(runtime, second.id).count("WorkflowNodeReplayed") == 3 * 101
+    assert min(timings) < 50
+
+
+def _claimed(runtime: Runtime, run_id: str) -> tuple[Any, Run, Any]:
+    from tracon_jobs.abort import AbortSignal
+
+    claimed = runtime.runs.claim_and_load(run_id, "test")
+    assert claimed is not None
+    return claimed[0], claimed[1], AbortSignal()
+
+
+def test_a_chain_longer_than_128_runs_fails_before_its_first_node(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url)
+    previous = None
+    for _ in range(129):
+        tenant = runtime.tenants.ensure_tenant("acme")
+        new = NewRun(tenant_id=tenant, agent="three-nodes", kind="workflow", input={})
+        run = runtime.runs.create(new)
+        with runtime.db.write() as session:
+            session.execute(
+                update(Run).where(Run.id == run.id).values(continued_from_run_id=previous)
+            )
+        previous = run.id
+    assert previous is not None
+
+    assert runtime.executor.execute(previous) == "Failed"
+    run = run_of(runtime, previous)
+    assert run.error_type == "chain_unreadable" and "128" in (run.error_message or "")
+    assert workflows.ran == []
+
+
+def test_an_agent_continuation_with_a_long_chain_fails_too(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url)
+    tenant = runtime.tenants.ensure_tenant("acme")
+    previous = None
+    for _ in range(130):
+        run = runtime.runs.create(NewRun(tenant_id=tenant, agent="demo", input={"message": "m"}))
+        with runtime.db.write() as session:
+            session.execute(
+                update(Run)
+                .where(Run.id == run.id)
+                .values(continued_from_run_id=previous, status="Failed")
+            )
+        previous = run.id
+    last = runtime.runs.create(
+        NewRun(
+            tenant_id=tenant, agent="demo", input={"message": "m"}, continued_from_run_id=previous
+        )
+    )
+
+    assert runtime.executor.execute(last.id) == "Failed"
+    assert run_of(runtime, last.id).error_type == "chain_unreadable"
+
+
+def test_resume_needs_reconciliation_and_checkpoints(sql_url: str, redis_url: str) -> None:
+    sections = {
+        "Database": {"Url": sql_url},
+        "Redis": {"Url": redis_url},
+        "Workflows": {"EnableCheckpointing": True, "ResumeInterruptedRuns": True},
+    }
+    with pytest.raises(ConfigurationError, match=r"RunReconciliation\.Enabled"):
+        Runtime(Settings.model_validate(sections))
+    sections["Workflows"] = {"EnableCheckpointing": False, "ResumeInterruptedRuns": True}
+    with pytest.raises(Exception, match="EnableCheckpointing"):
+        Settings.model_validate(sections)
+    sections["Workflows"] = {}
+    sections["AsyncRun"] = {"MaxAttempts": 3}
+    with pytest.raises(ConfigurationError, match=r"AsyncRun\.MaxAttempts"):
+        Runtime(Settings.model_validate(sections))
+
+
+def test_an_unknown_workflow_is_left_for_a_worker_that_knows_it(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url)
+    run_id = start(runtime, "not-here", {})
+
+    assert runtime.executor.execute(run_id) == "released"
+    run = run_of(runtime, run_id)
+    assert run.status == "Queued" and run.owner is None
+    assert "RunReleased" in types(runtime, run_id)

@@ -1,0 +1,225 @@
+"""The workflow routes through the real Flask app, real SQL and Redis: start (SSE by
+default, 202 with `Prefer: respond-async`), respond, resume; the reliability guide's
+idempotency rows for the three routes, drain 503s, 404 across tenants, 400 for bad input.
+
+Runs are executed by the real executor on a thread standing in for a worker."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from tests import workflows
+from tests.helpers import MakeRuntime, ThreadWorker, scripted_agent
+from tracon_jobs.runtime import Runtime
+from web import create_app
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    workflows.ran.clear()
+
+
+@pytest.fixture
+def runtime(make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker) -> Runtime:
+    config = scripted_agent([{"Text": "Sorry for the delay."}])
+    config |= {"WorkflowModules": ["tests.workflows"], "Workflows": {"EnableCheckpointing": True}}
+    rt = make_runtime(sql_url, **config)
+    rt.send_runs_with(thread_worker.sender(rt))
+    return rt
+
+
+@pytest.fixture
+def client(runtime: Runtime) -> FlaskClient:
+    return create_app(runtime, {"TESTING": True, "SSE_KEEPALIVE_SECONDS": 0.2}).test_client()
+
+
+def key_of(runtime: Runtime, tenant: str) -> str:
+    return runtime.tenants.issue_key(runtime.tenants.ensure_tenant(tenant)).secret
+
+
+def auth(key: str, **headers: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", **headers}
+
+
+ASYNC = {"Prefer": "respond-async"}
+
+
+def wait_for(client: FlaskClient, key: str, run_id: str, status: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        body = client.get(f"/api/runs/{run_id}", headers=auth(key)).get_json()
+        if body["status"] == status:
+            return dict(body)
+        time.sleep(0.03)
+    raise AssertionError(f"run {run_id} never reached {status}")
+
+
+def start_waiting(client: FlaskClient, key: str) -> str:
+    response = client.post(
+        "/api/workflows/hundred/run", json={"input": {}}, headers=auth(key, **ASYNC)
+    )
+    assert response.status_code == 202
+    run_id = str(response.get_json()["runId"])
+    wait_for(client, key, run_id, "Waiting")
+    return run_id
+
+
+def test_start_streams_events_by_default(client: FlaskClient, runtime: Runtime) -> None:
+    key = key_of(runtime, "acme")
+
+    response = client.post(
+        "/api/workflows/three-nodes/run", json={"input": {"seconds": 0}}, headers=auth(key)
+    )
+
+    assert response.status_code == 200 and response.mimetype == "text/event-stream"
+    body = response.get_data(as_text=True)
+    assert "event: WorkflowNodeCompleted" in body and "event: RunCompleted" in body
+    assert body.count("event: WorkflowNodeStarted") == 3
+    assert response.headers["Location"].startswith("/api/runs/")
+
+
+def test_start_async_then_respond_continues_the_chain(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key = key_of(runtime, "acme")
+    run_id = start_waiting(client, key)
+    run = client.get(f"/api/runs/{run_id}", headers=auth(key)).get_json()
+    assert run["kind"] == "workflow" and run["agent"] == "hundred"
+
+    answered = client.post(
+        f"/api/workflows/runs/{run_id}/respond",
+        json={"answer": {"ok": True}},
+        headers=auth(key, **ASYNC),
+    )
+
+    assert answered.status_code == 202
+    continued = wait_for(client, key, answered.get_json()["runId"], "Completed")
+    assert continued["continuedFromRunId"] == run_id
+    assert continued["output"] == {"result": sum(range(100))}
+    again = client.post(
+        f"/api/workflows/runs/{run_id}/respond", json={"answer": 1}, headers=auth(key, **ASYNC)
+    )
+    assert again.status_code == 409
+
+
+def test_resume_of_a_completed_run_is_409_and_of_a_live_one_too(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key = key_of(runtime, "acme")
+    waiting = start_waiting(client, key)
+
+    live = client.post(f"/api/workflows/runs/{waiting}/resume", headers=auth(key, **ASYNC))
+    done = client.post(
+        "/api/workflows/three-nodes/run", json={"input": {}}, headers=auth(key, **ASYNC)
+    ).get_json()["runId"]
+    wait_for(client, key, done, "Completed")
+    completed = client.post(f"/api/workflows/runs/{done}/resume", headers=auth(key, **ASYNC))
+
+    assert live.status_code == 409 and completed.status_code == 409
+    assert completed.get_json()["runStatus"] == "Completed"
+
+
+def test_another_tenant_gets_404_everywhere(client: FlaskClient, runtime: Runtime) -> None:
+    key, other = key_of(runtime, "acme"), key_of(runtime, "globex")
+    run_id = start_waiting(client, key)
+
+    for path in ("respond", "resume"):
+        response = client.post(
+            f"/api/workflows/runs/{run_id}/{path}", json={"answer": 1}, headers=auth(other)
+        )
+        assert response.status_code == 404
+    assert client.get(f"/api/runs/{run_id}", headers=auth(other)).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/workflows/three-nodes/run", {"input": "not an object"}, "input"),
+        ("/api/workflows/three-nodes/run", {"input": {}, "extra": 1}, "extra"),
+        ("/api/workflows/three-nodes/run", {"sessionId": "x" * 201}, "sessionId"),
+    ],
+)
+def test_bad_input_is_400_naming_the_field(
+    client: FlaskClient, runtime: Runtime, path: str, body: dict[str, Any], field: str
+) -> None:
+    response = client.post(path, json=body, headers=auth(key_of(runtime, "acme")))
+
+    assert response.status_code == 400
+    assert response.mimetype == "application/problem+json"
+    assert response.get_json()["field"] == field
+
+
+def test_an_unknown_workflow_is_404_and_a_respond_without_answer_400(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key = key_of(runtime, "acme")
+    assert client.post("/api/workflows/nope/run", json={}, headers=auth(key)).status_code == 404
+    run_id = start_waiting(client, key)
+    missing = client.post(f"/api/workflows/runs/{run_id}/respond", json={}, headers=auth(key))
+    assert missing.status_code == 400 and missing.get_json()["field"] == "answer"
+
+
+@pytest.mark.parametrize("route", ["run", "respond", "resume"])
+def test_a_key_without_respond_async_is_400_and_nothing_runs(
+    client: FlaskClient, runtime: Runtime, route: str
+) -> None:
+    key = key_of(runtime, "acme")
+    waiting = start_waiting(client, key)
+    path = {
+        "run": "/api/workflows/three-nodes/run",
+        "respond": f"/api/workflows/runs/{waiting}/respond",
+        "resume": f"/api/workflows/runs/{waiting}/resume",
+    }[route]
+    before = runtime.runs.page(
+        runtime.tenants.ensure_tenant("acme"), _all(), limit=100, before=None
+    )
+
+    response = client.post(path, json={"answer": 1}, headers=auth(key, **{"Idempotency-Key": "k"}))
+
+    assert response.status_code == 400 and "respond-async" in response.get_json()["detail"]
+    after = runtime.runs.page(runtime.tenants.ensure_tenant("acme"), _all(), limit=100, before=None)
+    assert len(after) == len(before)
+    assert client.get(f"/api/runs/{waiting}", headers=auth(key)).get_json()["status"] == "Waiting"
+
+
+def test_a_key_with_respond_async_replays_the_202(client: FlaskClient, runtime: Runtime) -> None:
+    key = key_of(runtime, "acme")
+    headers = auth(key, **ASYNC, **{"Idempotency-Key": "start-1"})
+
+    first = client.post("/api/workflows/three-nodes/run", json={"input": {}}, headers=headers)
+    second = client.post("/api/workflows/three-nodes/run", json={"input": {}}, headers=headers)
+
+    assert first.status_code == second.status_code == 202
+    assert second.get_data() == first.get_data()
+    assert second.headers["Idempotency-Replayed"] == "true"
+
+
+def test_the_three_routes_answer_503_while_draining(runtime: Runtime) -> None:
+    key = key_of(runtime, "acme")
+    client = create_app(runtime, {"TESTING": True, "TRACON_DRAINING": True}).test_client()
+
+    for path in (
+        "/api/workflows/three-nodes/run",
+        "/api/workflows/runs/x/respond",
+        "/api/workflows/runs/x/resume",
+    ):
+        response = client.post(path, json={}, headers=auth(key, **ASYNC))
+        assert response.status_code == 503 and response.headers["Retry-After"]
+    assert client.get("/api/workflows", headers=auth(key)).status_code == 200
+
+
+def test_the_registered_workflows_are_listed(client: FlaskClient, runtime: Runtime) -> None:
+    body = client.get("/api/workflows", headers=auth(key_of(runtime, "acme"))).get_json()
+
+    names = [item["name"] for item in body["items"]]
+    assert {"review", "three-nodes", "hundred"} <= set(names)
+
+
+def _all() -> Any:
+    from tracon_jobs.runs.store import RunFilter
+
+    return RunFilter()

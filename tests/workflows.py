@@ -1,0 +1,103 @@
+"""Workflows the tests register (listed in `WorkflowModules`); each counts its node bodies in
+`ran` (in-process) and, when `TRACON_TEST_FLAGS` names a folder, in `<node>.log` files there
+(across processes), so a test can tell a replayed node from one that ran again."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tracon_jobs import WorkflowContext, workflow
+
+ran: list[str] = []
+_lock = threading.Lock()
+
+
+def count(node: str, detail: str = "") -> None:
+    with _lock:
+        ran.append(node)
+    directory = os.environ.get("TRACON_TEST_FLAGS")
+    if directory:
+        with (Path(directory) / f"{node}.log").open("a") as handle:
+            handle.write(f"{detail}\n")
+
+
+def load_order(order_id: str) -> dict[str, Any]:
+    count("load-order", order_id)
+    return {"id": order_id, "amount": 40}
+
+
+def finish(order: dict[str, Any], answer: dict[str, Any]) -> str:
+    count("finish")
+    return f"{order['id']}: {answer['text']}"
+
+
+@workflow("review")
+def review(ctx: WorkflowContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Load an order, draft a reply with an agent, ask a person, then finish."""
+    order = ctx.step("load-order", load_order, input["orderId"])
+    draft = ctx.agent("demo", f"Draft a reply about {order['id']}")
+    answer = ctx.ask("approve-reply", {"draft": draft})
+    return {"reply": ctx.step("finish", finish, order, answer)}
+
+
+def paid_step(name: str, amount: float, ctx: WorkflowContext) -> str:
+    count(name)
+    ctx.report_usage(amount, "USD")
+    return name
+
+
+@workflow("paid")
+def paid(ctx: WorkflowContext, input: dict[str, Any]) -> list[str]:
+    """Three nodes that each report spend; the third is exempt from a spent budget."""
+    done = [ctx.step("first", paid_step, "first", input.get("amount", 0.4), ctx)]
+    done.append(ctx.step("second", paid_step, "second", input.get("amount", 0.4), ctx))
+    done.append(ctx.step("store", paid_step, "store", 0, ctx, starts_when_budget_is_spent=True))
+    return done
+
+
+def slow_node(name: str, seconds: float, ctx: WorkflowContext) -> str:
+    count(name, ctx.idempotency_key)
+    flags = os.environ.get("TRACON_TEST_FLAGS")
+    fast = flags is not None and (Path(flags) / "fast").exists()
+    deadline = time.monotonic() + (0 if fast else seconds)
+    while time.monotonic() < deadline and not ctx.cancelled:
+        time.sleep(0.05)
+    return name
+
+
+@workflow("three-nodes")
+def three_nodes(ctx: WorkflowContext, input: dict[str, Any]) -> list[str]:
+    """Three function nodes; the second sleeps `seconds` (unless the `fast` flag exists)."""
+    seconds = float(input.get("seconds", 0))
+    return [
+        ctx.step("node-1", slow_node, "node-1", 0, ctx),
+        ctx.step("node-2", slow_node, "node-2", seconds, ctx),
+        ctx.step("node-3", slow_node, "node-3", 0, ctx),
+    ]
+
+
+@workflow("hundred")
+def hundred(ctx: WorkflowContext, input: dict[str, Any]) -> int:
+    """A hundred small nodes, then a question: for the cost of replaying checkpoints."""
+    total = sum(ctx.step("add", lambda n: n, n) for n in range(100))
+    ctx.ask("go-on")
+    return total
+
+
+@workflow("flaky")
+def flaky(ctx: WorkflowContext, input: dict[str, Any]) -> str:
+    """A node that fails once, with one retry."""
+    attempts: list[int] = []
+
+    def once() -> str:
+        attempts.append(1)
+        count("flaky")
+        if len(attempts) == 1:
+            raise RuntimeError("first attempt fails")
+        return "ok"
+
+    return ctx.step("flaky", once, retries=1)

@@ -1,0 +1,287 @@
+"""Executing a claimed workflow run: replay the function, answer finished nodes from the
+chain's checkpoints, run the rest, and end with one fenced final write (or `Waiting`).
+
+    claim -> chain read once (all of it, or the run fails before its first node)
+          -> budget of the logical run (the chain's spend carried)
+          -> fn(ctx, input): per node: checkpoint? replay : [budget gate -> run -> checkpoint]
+          -> Completed {result} | Failed | Canceled | Waiting (a question for a person)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from tracon_jobs.abort import AbortSignal
+from tracon_jobs.db.models import Run
+from tracon_jobs.errors import RunCanceled, RunTakenAway
+from tracon_jobs.resilience.budgets import BudgetStore, Limits
+from tracon_jobs.runs.budget import ChainUnreadable, TreeBudget, open_budget
+from tracon_jobs.runs.execution import stopped
+from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
+from tracon_jobs.runs.store import RunStore
+from tracon_jobs.runs.subagents import SubAgents
+from tracon_jobs.settings import Settings
+from tracon_jobs.workflows.context import WorkflowContext
+from tracon_jobs.workflows.registry import WorkflowRegistry
+from tracon_jobs.workflows.store import Recorded, WorkflowStore
+
+log = logging.getLogger(__name__)
+
+
+class WorkflowStop(BaseException):
+    """Ends the workflow run `Failed` with a typed error (a refused or failed node)."""
+
+    def __init__(self, error: RunError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class WaitingForAnswer(BaseException):
+    """`ctx.ask` found no answer in the chain: the run waits for a person."""
+
+    def __init__(self, node: str, payload: Any) -> None:
+        super().__init__(node)
+        self.node = node
+        self.payload = payload
+
+
+class WorkflowRunner:
+    """Runs claimed workflow runs; the executor hands it every run of kind `workflow`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        runs: RunStore,
+        store: WorkflowStore,
+        registry: WorkflowRegistry,
+        budgets: BudgetStore,
+        children: SubAgents,
+        run_inline: Callable[[str], object],
+    ) -> None:
+        self.settings = settings
+        self.runs = runs
+        self.store = store
+        self.registry = registry
+        self.budgets = budgets
+        self.children = children
+        self.run_inline = run_inline  # executes a child nobody claimed, on this thread
+
+    def knows(self, name: str) -> bool:
+        return self.registry.knows(name)
+
+    def run(self, claim: Claim, run: Run, signal: AbortSignal) -> RunStatus:
+        spec = self.registry.get(run.agent)
+        assert spec is not None, "the executor checks the workflow is known before it runs"
+        try:
+            execution = self._prepare(claim, run, signal)
+        except ChainUnreadable as exc:
+            error = RunError("chain_unreadable", ErrorClass.INFRASTRUCTURE, str(exc))
+            return self._finish(claim, RunStatus.FAILED, error=error)
+        try:
+            result = spec.function(WorkflowContext(execution), dict(run.input or {}))
+            json.dumps(result)
+            execution.flush_replays()
+        except WaitingForAnswer as waiting:
+            execution.flush_replays()
+            self.store.ask(claim, waiting.node, waiting.payload)
+            log.info("workflow run %s waits for an answer to %s", run.id, waiting.node)
+            return RunStatus.WAITING
+        except WorkflowStop as stop:
+            return self._finish(claim, RunStatus.FAILED, error=stop.error)
+        except RunCanceled as canceled:
+            error = RunError("canceled", ErrorClass.CANCELLATION, str(canceled) or "canceled")
+            return self._finish(claim, RunStatus.CANCELED, error=error)
+        except RunTakenAway:
+            raise
+        except Exception as exc:  # the workflow's own code raised, or returned no JSON
+            log.exception("workflow run %s failed", run.id)
+            error = RunError("workflow_failed", ErrorClass.INTERNAL, f"{type(exc).__name__}: {exc}")
+            return self._finish(claim, RunStatus.FAILED, error=error)
+        return self._finish(claim, RunStatus.COMPLETED, output={"result": result})
+
+    def _prepare(self, claim: Claim, run: Run, signal: AbortSignal) -> WorkflowExecution:
+        chain = self.store.chain(run)
+        limits = Limits.from_settings(self.settings.agent_graph)
+        currency = self.settings.pricing.currency
+        budget = open_budget(self.budgets, self.runs.db, limits, run, currency)
+        recorded = self.store.recorded(chain)
+        if not self.settings.workflows.enable_checkpointing:  # answers are input, not nodes
+            recorded = {node: hit for node, hit in recorded.items() if hit.kind == "ask"}
+        return WorkflowExecution(self, claim, run, signal, budget, recorded, logical_id=chain[-1])
+
+    def _finish(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        output: dict[str, Any] | None = None,
+        error: RunError | None = None,
+    ) -> RunStatus:
+        if self.runs.finish(claim, status, output=output, error=error) is None:
+            raise RunTakenAway(claim.run_id)
+        return status
+
+
+@dataclass
+class WorkflowExecution:
+    """One execution of a workflow function: its nodes, in the order the code reaches them."""
+
+    runner: WorkflowRunner
+    claim: Claim
+    run: Run
+    signal: AbortSignal
+    budget: TreeBudget
+    recorded: dict[str, Recorded]
+    logical_id: str  # the first run of the chain: node keys are stable across the chain
+    counts: dict[str, int] = field(default_factory=dict)
+    current: str | None = None
+    replayed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # not yet written
+
+    def flush_replays(self) -> None:
+        """Write the replay events gathered so far, in one transaction: replaying a hundred
+        checkpointed nodes costs one write, not a hundred."""
+        if self.replayed:
+            events, self.replayed = self.replayed, []
+            self.runner.runs.append_all(self.claim, events)
+
+    def node_key(self) -> str:
+        node = self.current or "workflow"
+        return f"tj-wf-{self.logical_id}-{node}"
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retries: int,
+        exempt: bool,
+    ) -> Any:
+        node = self._next(name)
+        hit = self._replay(node, "step")
+        if hit is not None:
+            return hit.value
+        for attempt in range(1, retries + 2):
+            self._ensure_live()
+            if not exempt:
+                self._gate_node(node)
+            self._event("WorkflowNodeStarted", node=node, kind="step", attempt=attempt)
+            self.current = node
+            try:
+                value = fn(*args, **kwargs)
+                json.dumps(value)
+            except Exception as exc:
+                self._event("WorkflowNodeFailed", node=node, attempt=attempt, error=str(exc))
+                if attempt > retries:
+                    raise WorkflowStop(_node_failed(node, exc)) from exc
+                continue
+            finally:
+                self.current = None
+            self._checkpoint(node, "step", value)
+            return value
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def agent(self, name: str, agent: str, message: str) -> str:
+        node = self._next(name)
+        hit = self._replay(node, "agent")
+        if hit is not None:
+            return str(hit.value)
+        self._ensure_live()
+        refusal = self.budget.refuse_child(self.run.depth + 1)
+        if refusal is not None:
+            self._event("WorkflowNodeFailed", node=node, attempt=1, error=refusal)
+            raise WorkflowStop(_refused(node, refusal))
+        self._event("WorkflowNodeStarted", node=node, kind="agent", agent=agent, attempt=1)
+        children = self.runner.children
+        child_id = children.start(self.run, agent, message)
+        outcome = children.answer(child_id, self.signal, self.runner.run_inline)
+        if self.signal.aborted:
+            raise stopped(self.signal)
+        if not outcome.ok:
+            error = outcome.error_message or "the agent run failed"
+            self._event("WorkflowNodeFailed", node=node, attempt=1, error=error, runId=child_id)
+            raise WorkflowStop(
+                RunError("workflow_node_failed", ErrorClass.TOOL, f"node '{node}': {error}")
+            )
+        text = str(outcome.result)
+        self._checkpoint(node, "agent", text, runId=child_id)
+        return text
+
+    def ask(self, name: str, payload: Any) -> Any:
+        node = self._next(name)
+        hit = self._replay(node, "ask")
+        if hit is not None:
+            return hit.value
+        json.dumps(payload)
+        raise WaitingForAnswer(node, payload)
+
+    def report_usage(self, amount: Decimal, currency: str) -> None:
+        counted = currency == self.runner.settings.pricing.currency and amount > 0
+        data = {
+            "node": self.current,
+            "amount": float(amount),
+            "currency": currency,
+            "counted": counted,
+        }
+        self.flush_replays()
+        if not counted:
+            self.runner.runs.append(self.claim, "UsageReported", data)
+            return
+        self.budget.spent(released=0, tokens=0, cost=amount, unknown=False)
+        self.runner.runs.add_cost(self.claim, amount, data)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _next(self, name: str) -> str:
+        count = self.counts.get(name, 0) + 1
+        self.counts[name] = count
+        return f"{name}#{count}"
+
+    def _replay(self, node: str, kind: str) -> Recorded | None:
+        hit = self.recorded.get(node)
+        if hit is None or hit.kind != kind:
+            return None
+        data = {"node": node, "kind": kind, "fromRunId": hit.run_id}
+        self.replayed.append(("WorkflowNodeReplayed", data))
+        return hit
+
+    def _gate_node(self, node: str) -> None:
+        refusal = self.budget.refuse_node()
+        if refusal is not None:
+            self._event("WorkflowNodeFailed", node=node, attempt=0, error=refusal)
+            raise WorkflowStop(_refused(node, refusal))
+
+    def _checkpoint(self, node: str, kind: str, value: Any, **extra: Any) -> None:
+        self.flush_replays()
+        data = {"node": node, "kind": kind, **extra}
+        if self.runner.settings.workflows.enable_checkpointing:
+            self.runner.store.checkpoint(self.claim, node, kind, value, data)
+        else:
+            self.runner.runs.append(self.claim, "WorkflowNodeCompleted", data)
+
+    def _event(self, type_: str, **data: Any) -> None:
+        self.flush_replays()
+        self.runner.runs.append(self.claim, type_, data)
+
+    def _ensure_live(self) -> None:
+        if self.signal.aborted:
+            raise stopped(self.signal)
+
+
+def _refused(node: str, refusal: str) -> RunError:
+    return RunError(
+        "run_budget_exceeded",
+        ErrorClass.QUOTA_EXCEEDED,
+        f"workflow node '{node}' did not start: {refusal}",
+    )
+
+
+def _node_failed(node: str, exc: Exception) -> RunError:
+    return RunError(
+        "workflow_node_failed", ErrorClass.TOOL, f"node '{node}': {type(exc).__name__}: {exc}"
+    )

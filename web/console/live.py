@@ -1,0 +1,29 @@
+"""Console-internal JSON the page script polls while something is still going: the rendered
+rows of the runs list, and the rendered body of a run page with its status.
+
+Authenticated by the console session (an EventSource or a fetch from the page cannot send
+the API's Authorization header), so these routes live here and not under `/api`.
+"""
+
+from __future__ import annotations
+
+from flask import Response, jsonify, render_template
+
+from tracon_jobs.runs.lifecycle import RunStatus
+from web.console.blueprint import bp
+from web.console.views import owned_run, run_context, runs_context
+
+
+@bp.get("/console/live/runs")
+def live_runs() -> Response:
+    context = runs_context()
+    html = render_template("console/_runs_rows.html", **context)
+    return jsonify({"html": html, "count": len(context["runs"])})
+
+
+@bp.get("/console/live/runs/<run_id>")
+def live_run(run_id: str) -> Response:
+    run = owned_run(run_id)
+    html = render_template("console/_run_live.html", **run_context(run))
+    terminal = RunStatus(run.status).is_terminal
+    return jsonify({"status": run.status, "terminal": terminal, "html": html})

@@ -1,0 +1,115 @@
+"""The workflow surface: start a workflow run, answer the question it waits on, resume it.
+
+Each answers like `POST /api/agents/{name}/run`: the run's events as SSE by default, or
+`202` with `Location` under `Prefer: respond-async`. `Idempotency-Key` is accepted only
+together with `Prefer: respond-async` (the reliability guide's idempotency table: their
+synchronous answer is a stream; a key without the preference is `400` and nothing runs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify
+from pydantic import BaseModel, ConfigDict, Field
+
+from tracon_jobs.db.models import Run
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.workflows.store import RequestConflict, ResumeConflict
+from web.auth import require_tenant, tenant_id
+from web.extensions import runtime
+from web.idempotency import idempotent, remember_run
+from web.preferences import prefers_async
+from web.problems import Problem, not_found
+from web.runs import owned_run, parse_body, submit
+from web.sse import sse_frames, sse_response, tail
+
+bp = Blueprint("workflows", __name__, url_prefix="/api")
+require_tenant(bp)
+
+
+class WorkflowRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    input: dict[str, Any] = Field(default_factory=dict)
+    session_id: str | None = Field(default=None, alias="sessionId", max_length=200)
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    answer: Any = Field(...)
+
+
+@bp.get("/workflows")
+def list_workflows() -> Response:
+    registry = runtime().workflow_registry
+    items = []
+    for name in registry.names():
+        spec = registry.get(name)
+        assert spec is not None
+        items.append({"name": name, "description": spec.description})
+    return jsonify({"items": items})
+
+
+@bp.post("/workflows/<name>/run")
+@idempotent(require_async=True)
+def run_workflow(name: str) -> Response | tuple[Response, int, dict[str, str]]:
+    rt = runtime()
+    if not rt.workflow_registry.knows(name):
+        raise not_found(f"no workflow named '{name}'")
+    body: WorkflowRequest = parse_body(WorkflowRequest)
+    run = submit(
+        NewRun(
+            tenant_id=tenant_id(),
+            agent=name,
+            kind="workflow",
+            input=body.input,
+            session_id=body.session_id,
+            currency=rt.settings.pricing.currency,
+            resumable=prefers_async(),  # a job owns it: bound to no connection
+        )
+    )
+    return started(run)
+
+
+@bp.post("/workflows/runs/<run_id>/respond")
+@idempotent(require_async=True)
+def respond(run_id: str) -> Response | tuple[Response, int, dict[str, str]]:
+    run = owned_workflow_run(run_id)
+    body: Answer = parse_body(Answer)
+    try:
+        continuation = runtime().workflow_resumes.respond(run, body.answer)
+    except RequestConflict as conflict:
+        raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
+    return started(continuation)
+
+
+@bp.post("/workflows/runs/<run_id>/resume")
+@idempotent(require_async=True)
+def resume(run_id: str) -> Response | tuple[Response, int, dict[str, str]]:
+    run = owned_workflow_run(run_id)
+    try:
+        continuation = runtime().workflow_resumes.resume(run)
+    except ResumeConflict as conflict:
+        raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
+    return started(continuation)
+
+
+def owned_workflow_run(run_id: str) -> Run:
+    run = owned_run(run_id)
+    if run.kind != "workflow":
+        raise not_found(f"no workflow run '{run_id}'")
+    return run
+
+
+def started(run: Run) -> Response | tuple[Response, int, dict[str, str]]:
+    """`202` + `Location` under `Prefer: respond-async`, else the run's events as SSE."""
+    remember_run(run.id)
+    location = f"/api/runs/{run.id}"
+    if prefers_async():
+        headers = {"Location": location, "Preference-Applied": "respond-async"}
+        return jsonify({"runId": run.id, "status": run.status}), 202, headers
+    rt = runtime()
+    keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
+    return sse_response(sse_frames(tail(rt.runs, rt.feed, run.id, 0, keepalive)), Location=location)
