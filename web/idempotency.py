@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 
 from flask import Response, current_app, g, request
 
+from tracon_jobs import metrics
 from tracon_jobs.idempotency import IdempotencyStore, Outcome, StoredResponse
 from web.auth import tenant_id
 from web.extensions import runtime
@@ -71,6 +72,7 @@ def execute_once(call: Callable[[], Any], require_async: bool) -> Response:
     held = Held(IdempotencyStore(runtime().db), tenant_id(), key)
     body = request.get_data(cache=True)
     reservation = held.store.reserve(held.tenant_id, key, request.method, request.path, body)
+    metrics.idempotency_outcome(reservation.outcome.value)
     if reservation.outcome is Outcome.REPLAY:
         assert reservation.stored is not None
         return replay(reservation.stored)

@@ -403,6 +403,81 @@ APPROVAL_PATHS: dict[str, Any] = {
 }
 
 
+PREFER = {
+    "name": "Prefer",
+    "in": "header",
+    "schema": {"type": "string"},
+    "description": "respond-async: answer 202 with Location instead of the event stream",
+}
+WORKFLOW_STARTED = {
+    "200": {"description": "text/event-stream of the new run's events"},
+    "202": {"description": "queued (Prefer: respond-async); Location names the new run"},
+    "400": PROBLEM,
+    "409": PROBLEM,
+    "422": {"description": "Idempotency-Key reused with another method, path or body"},
+    "503": PROBLEM,
+}
+WORKFLOW_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "input": {"type": "object", "description": "the workflow function's input"},
+        "sessionId": {"type": "string", "maxLength": 200},
+    },
+}
+WORKFLOW_PATHS: dict[str, Any] = {
+    "/api/workflows": {
+        "get": _op(
+            "The registered workflows", {"200": {"description": "{items: [{name, description}]}"}}
+        )
+    },
+    "/api/workflows/{name}/run": {
+        "post": _op(
+            "Start a workflow run (SSE by default; Prefer: respond-async for 202, which a job"
+            " owns and, with Workflows.ResumeInterruptedRuns, resumes after a crash)",
+            WORKFLOW_STARTED,
+            parameters=[
+                {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
+                PREFER,
+                IDEMPOTENCY_KEY,
+            ],
+            requestBody={
+                "content": {"application/json": {"schema": WORKFLOW_REQUEST_SCHEMA}},
+            },
+        )
+    },
+    "/api/workflows/runs/{id}/respond": {
+        "post": _op(
+            "Answer the question a Waiting workflow run asked; a new run continues the chain"
+            " (409 when it waits for nothing)",
+            WORKFLOW_STARTED,
+            parameters=[RUN_ID, PREFER, IDEMPOTENCY_KEY],
+            requestBody={
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["answer"],
+                            "additionalProperties": False,
+                            "properties": {"answer": {"description": "any JSON value"}},
+                        }
+                    }
+                },
+            },
+        )
+    },
+    "/api/workflows/runs/{id}/resume": {
+        "post": _op(
+            "Resume a Failed workflow run from its latest checkpoint (409 for a live, waiting,"
+            " completed or already resumed run)",
+            WORKFLOW_STARTED,
+            parameters=[RUN_ID, PREFER, IDEMPOTENCY_KEY],
+        )
+    },
+}
+
+
 def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -529,6 +604,7 @@ def document() -> dict[str, Any]:
                 )
             },
             **APPROVAL_PATHS,
+            **WORKFLOW_PATHS,
             **OPENAI_PATHS,
             "/healthz": {
                 "get": {

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from tracon_jobs import logs
 from tracon_jobs.cli.context import CommandError
 from tracon_jobs.cli.parser import Handler, build_parser
 from tracon_jobs.errors import ConfigurationError
@@ -23,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=os.environ.get("TRACON_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    logs.install()
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

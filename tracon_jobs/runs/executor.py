@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from tracon_jobs import logs, metrics
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
 from tracon_jobs.db import Database
@@ -127,6 +128,11 @@ class RunExecutor:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
             return "dropped"
         claim, run = claimed
+        with logs.run_context(run_id, agent=run.agent):
+            return self._execute_claimed(claim, run)
+
+    def _execute_claimed(self, claim: Claim, run: Run) -> str:
+        run_id = claim.run_id
         unknown = self._unknown_here(run)
         if unknown is not None:
             return self._leave_for_another_worker(claim, run, unknown)
@@ -401,7 +407,10 @@ class RunExecutor:
         reserved = self._budget_for_model_call(ex, messages)
         self.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
         try:
-            with self.slots.hold(link.provider_name, ex.signal):
+            with (
+                self.slots.hold(link.provider_name, ex.signal),
+                metrics.timed_model_call(link.provider_name, link.model),
+            ):
                 response = link.provider.complete(request, ex.signal)
         except ProviderError as exc:
             ex.tree_budget().spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
@@ -442,6 +451,16 @@ class RunExecutor:
         self, ex: Execution, link: Link, response: ModelResponse, index: int, reserved: int
     ) -> None:
         amount, source = price(self.settings.pricing, response.model, response.usage)
+        usage = response.usage
+        currency = self.settings.pricing.currency
+        metrics.model_spend(
+            link.provider_name,
+            response.model,
+            usage.input_tokens,
+            usage.output_tokens,
+            float(amount),
+            currency,
+        )
         ex.tree_budget().spent(
             released=reserved,
             tokens=response.usage.total_tokens,

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any
 
+from tracon_jobs import logs
 from tracon_jobs.agents.tools import ToolContext, ToolSpec
 from tracon_jobs.db.models import Approval
 from tracon_jobs.errors import ToolError
@@ -86,7 +87,8 @@ class ToolCalls:
             return results
         ex.ensure_live()
         with ThreadPoolExecutor(len(calls), thread_name_prefix="tool-call") as pool:
-            return list(pool.map(lambda call: self.answer(ex, link, call_no, call), calls))
+            answer = logs.carry(lambda call: self.answer(ex, link, call_no, call))
+            return list(pool.map(answer, calls))
 
     def answer(self, ex: Execution, link: Link, call_no: int, call: ToolCall) -> Message:
         arguments, parse_error = parse_arguments(call.arguments)
