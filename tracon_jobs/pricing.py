@@ -1,7 +1,13 @@
-"""Token pricing at the model that actually answered."""
+"""Token pricing at the model the answering link asked for.
+
+Providers answer an alias with a dated name (`gpt-4o-mini` -> `gpt-4o-mini-2024-07-18`), so
+the price is looked up under the model the link was configured with first, then under the
+name the provider answered with, then under that name without a dated suffix.
+"""
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Protocol
 
@@ -35,3 +41,15 @@ def price(pricing: _Pricing, model: str, usage: Usage) -> tuple[Decimal, str]:
         + Decimal(usage.output_tokens) * rate.output_per_million
     ) / MILLION
     return amount, "Configured"
+
+
+_DATED = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
+
+
+def price_at(pricing: _Pricing, asked: str, answered: str, usage: Usage) -> tuple[Decimal, str]:
+    """`price` at the first of: the model asked for, the model that answered, the answered
+    name without its dated suffix (`-2024-07-18`, `-20240718`, `-0613`)."""
+    for model in (asked, answered, _DATED.sub("", answered)):
+        if pricing.price_for(model) is not None:
+            return price(pricing, model, usage)
+    return Decimal(0), "Unknown"

@@ -254,3 +254,48 @@ def test_runtime_retries_keep_the_key_and_a_new_model_call_gets_a_new_one(
     ]
     completed = [e.data["attempts"] for e in events if e.type == "ToolCallCompleted"]
     assert completed == [2, 1]
+
+
+@pytest.mark.parametrize(
+    ("priced", "answered"),
+    [
+        ("gpt-4o-mini", "gpt-4o-mini-2024-07-18"),  # the alias asked for is priced
+        ("gpt-4o-mini-2024-07-18", "gpt-4o-mini-2024-07-18"),  # the answered name is priced
+    ],
+)
+def test_a_dated_model_name_in_the_answer_is_priced_at_the_configured_model(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider, priced: str, answered: str
+) -> None:
+    """OpenAI answers an alias with a dated name; the price (and so the cost limits) must
+    not turn `Unknown` for it."""
+    sections = scripted_agent([])
+    sections["Providers"] = {"stub": {"Kind": "openai", "BaseUrl": stub_provider.base_url}}
+    sections["Agents"]["demo"]["Model"] = {"provider": "stub", "model": "gpt-4o-mini"}
+    sections["Pricing"] = {"Models": {priced: {"InputPerMillion": 1, "OutputPerMillion": 2}}}
+    runtime = make_runtime(sql_url, **sections)
+    stub_provider.enqueue(reply("hi", input_tokens=1000, output_tokens=500, model=answered))
+    run_id = submit(runtime)
+
+    assert runtime.executor.execute(run_id) == "Completed"
+
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    assert (run.cost_source, Decimal(run.cost_amount)) == ("Configured", Decimal("0.002"))
+    assert run.model_id == "gpt-4o-mini"  # the link's configured model
+    [completed] = [e for e in runtime.runs.events(run_id) if e.type == "ModelCallCompleted"]
+    assert completed.data["providerModel"] == answered
+
+
+def test_a_dated_suffix_falls_back_to_the_undated_price() -> None:
+    from tracon_jobs.pricing import price_at
+    from tracon_jobs.providers.base import Usage
+    from tracon_jobs.settings import PricingSettings
+
+    pricing = PricingSettings.model_validate(
+        {"Models": {"gpt-4o": {"InputPerMillion": 1, "OutputPerMillion": 1}}}
+    )
+    usage = Usage(1_000_000, 0)
+
+    assert price_at(pricing, "my-alias", "gpt-4o-2024-08-06", usage) == (Decimal(1), "Configured")
+    assert price_at(pricing, "my-alias", "gpt-4o-0613", usage) == (Decimal(1), "Configured")
+    assert price_at(pricing, "my-alias", "other-2024-08-06", usage) == (Decimal(0), "Unknown")

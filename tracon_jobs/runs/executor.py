@@ -31,7 +31,7 @@ from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import ConfigurationError, ProviderError, RunCanceled, RunTakenAway
-from tracon_jobs.pricing import price
+from tracon_jobs.pricing import price_at
 from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, ToolCall
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import Admission, CircuitBreaker, Ticket, Transition
@@ -450,7 +450,8 @@ class RunExecutor:
     def _record_spend(
         self, ex: Execution, link: Link, response: ModelResponse, index: int, reserved: int
     ) -> None:
-        amount, source = price(self.settings.pricing, response.model, response.usage)
+        pricing = self.settings.pricing
+        amount, source = price_at(pricing, link.model, response.model, response.usage)
         usage = response.usage
         currency = self.settings.pricing.currency
         metrics.model_spend(
@@ -468,7 +469,7 @@ class RunExecutor:
             unknown=source == "Unknown",
         )
         spend = TurnSpend(
-            model_id=response.model,
+            model_id=link.model,  # the configured model of the link that answered
             input_tokens=response.usage.input_tokens,
             output_tokens=response.usage.output_tokens,
             cost=amount,
@@ -477,7 +478,8 @@ class RunExecutor:
         data = {
             "turn": index,
             "provider": link.provider_name,
-            "model": response.model,
+            "model": link.model,
+            "providerModel": response.model,  # the provider's own name for it
             "finishReason": response.finish_reason,
             "text": response.text or "",
             "toolCalls": len(response.tool_calls),
