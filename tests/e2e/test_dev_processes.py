@@ -42,7 +42,8 @@ SOURCE = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 """The venv of the project under test, reused by the clone's commands."""
 START_SECONDS = 90.0
-RUN_SECONDS = 60.0
+RUN_SECONDS = 90.0
+"""Longer than `Runs.RequeueAfter` (60 s), which re-sends a run whose message was lost."""
 STOP_SECONDS = 60.0
 
 
@@ -90,6 +91,19 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+@pytest.fixture
+def own_redis_url(redis_url: str) -> Iterator[str]:
+    """The test Redis server, on a database (1-7) that neither `make run` (0) nor a test
+    session (8-15, each flushing its own) uses, so no other worker consumes dev's runs;
+    flushed before and after."""
+    url = f"{redis_url.rsplit('/', 1)[0]}/{1 + os.getpid() % 7}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
 
 
 def dead_redis_url() -> str:
@@ -330,17 +344,17 @@ def runs_list(dev: Dev) -> str:
 
 
 def test_dev_from_a_fresh_clone_with_the_local_redis_runs_an_agent_and_stops_on_sigint(
-    make_dev: Any, redis_url: str, redis_client: redis.Redis
+    make_dev: Any, own_redis_url: str
 ) -> None:
     """Before (7c848b6): `sqlite3.OperationalError: unable to open database file` at once, the
     ports fixed at 8000 and 5555."""
-    dev: Dev = make_dev(redis_url)
+    dev: Dev = make_dev(own_redis_url)
     dev.wait_until_healthy()
 
     out = dev.output
     assert f"web http://127.0.0.1:{dev.port}" in out
     assert f"Flower http://127.0.0.1:{dev.flower_port}" in out
-    assert f"redis: {redis_url}" in out and "embedded" not in out
+    assert f"redis: {own_redis_url}" in out and "embedded" not in out
     assert "development tenant: dev" in out
     run_id = submit_and_complete(dev)
     assert run_id in runs_list(dev)
@@ -367,10 +381,8 @@ def test_dev_with_a_dead_redis_says_so_uses_an_embedded_one_and_stops_on_sigint(
     assert_all_gone(dev)  # the embedded redis-server included
 
 
-def test_dev_stops_every_child_on_sigterm(
-    make_dev: Any, redis_url: str, redis_client: redis.Redis
-) -> None:
-    dev: Dev = make_dev(redis_url)
+def test_dev_stops_every_child_on_sigterm(make_dev: Any, own_redis_url: str) -> None:
+    dev: Dev = make_dev(own_redis_url)
     dev.wait_until_healthy()
 
     dev.stop(signal.SIGTERM)

@@ -396,6 +396,43 @@ def test_continuation_answers_completed_calls_and_reruns_the_one_in_flight_with_
     assert keys[continuation_id] == keys[orphan.id], "the in-flight call keeps its key"
 
 
+@pytest.mark.parametrize(
+    "second_turn",
+    [
+        {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 1}}]},  # other arguments
+        {"ToolCalls": [{"Name": "record_step", "Arguments": {"step": "B"}}]},  # another call
+        {"Text": "I am done"},  # no call at all
+    ],
+)
+def test_a_continuation_stops_when_the_in_flight_call_is_not_repeated(
+    make_runtime: MakeRuntime, sqlite_url: str, second_turn: dict[str, Any]
+) -> None:
+    # Given the interrupted run had `slow_step {"seconds": 0}` in flight, outcome unknown
+    script: Script = [STEPS[0], second_turn, {"Text": "never"}]
+    runtime = make_runtime(
+        sqlite_url,
+        sender=hold_queued,
+        RunReconciliation=RECONCILE,
+        RunContinuation={"Enabled": True},
+        **scripted_agent(script, ["record_step", "slow_step"]),
+    )
+    orphan = orphan_midway(runtime)
+    continuation_id = runtime.reconciler.scan_once(runtime.db.now()).continued[orphan.id]
+    before = len(tools.calls)
+
+    # When the continuation's model does something else in the turn the chain stopped in
+    assert runtime.executor.execute(continuation_id) == "Failed"
+
+    # Then it stops there, naming the call, and starts nothing
+    run = runtime.runs.get(continuation_id)
+    assert run is not None and run.error_type == "continuation_blocked"
+    blocked = [
+        e.data for e in runtime.runs.events(continuation_id) if e.type == "RunContinuationBlocked"
+    ]
+    assert blocked[0]["tool"] == "slow_step" and "slow_step" in blocked[0]["message"]
+    assert len(tools.calls) == before
+
+
 def test_a_destructive_call_in_flight_blocks_continuation(
     make_runtime: MakeRuntime,
     sqlite_url: str,

@@ -152,6 +152,13 @@ class ChainLedger:
         """Whether `answer(key)` would answer, without using the answer up."""
         return bool(self.recorded.get(key))
 
+    def unrepeated(self, calls: set[CallKey]) -> list[CallKey]:
+        """In-flight calls of the chain that `calls` (the turn after every recorded call was
+        answered) does not repeat: the reliability guide stops the continuation for them."""
+        if any(self.recorded.values()):
+            return []  # the replay has not reached the turn the chain stopped in yet
+        return [key for key, keys in self.in_flight.items() if keys and key not in calls]
+
     def answer(self, key: CallKey) -> tuple[str, ToolOutcome] | None:
         queue = self.recorded.get(key)
         return queue.popleft() if queue else None

@@ -23,11 +23,13 @@ from tracon_jobs.settings import AgentSettings
 
 
 class RunFailure(Exception):
-    """Ends the run `Failed` with a typed error."""
+    """Ends the run `Failed` with a typed error (and a `RunContinuationBlocked` event with
+    `blocked` as its data, when a continuation stops)."""
 
-    def __init__(self, error: RunError) -> None:
+    def __init__(self, error: RunError, blocked: dict[str, Any] | None = None) -> None:
         super().__init__(error.message)
         self.error = error
+        self.blocked = blocked
 
 
 @dataclass(frozen=True)

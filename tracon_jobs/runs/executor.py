@@ -57,7 +57,12 @@ from tracon_jobs.runs.live import CANCELED, LiveRuns
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore, TurnSpend
 from tracon_jobs.runs.subagents import SubAgents, agent_tool_schema
-from tracon_jobs.runs.toolcalls import ToolCalls, WaitingForPerson, unanswered_calls
+from tracon_jobs.runs.toolcalls import (
+    ToolCalls,
+    WaitingForPerson,
+    stop_unless_repeated,
+    unanswered_calls,
+)
 from tracon_jobs.settings import AgentSettings, Settings
 from tracon_jobs.workflows.runner import WorkflowRunner
 
@@ -192,6 +197,9 @@ class RunExecutor:
         except RunWaits:  # saved `Waiting` already: no final write, the thread is free
             return RunStatus.WAITING
         except RunFailure as failure:
+            if failure.blocked is not None:
+                data = {**failure.blocked, "message": failure.error.message}
+                self.runs.append(claim, "RunContinuationBlocked", data)
             return self._finish(claim, RunStatus.FAILED, execution, error=failure.error)
         except RunCanceled as cancelled:
             error = RunError("canceled", ErrorClass.CANCELLATION, str(cancelled) or "canceled")
@@ -355,6 +363,7 @@ class RunExecutor:
             ex.ensure_live()
             response = self._model_call(ex, link, ticket, messages, index)
             if not response.tool_calls:
+                stop_unless_repeated(ex, [])  # an answer without the in-flight call is a stop
                 return {"text": response.text or ""}
             messages.append(response.as_message())
             call_no = ex.next_call

@@ -22,8 +22,9 @@ from tracon_jobs.db.models import Approval
 from tracon_jobs.errors import ToolError
 from tracon_jobs.providers.base import Message, ToolCall
 from tracon_jobs.runs.approvals import ApprovalRequest, ApprovalStatus, ApprovalStore
-from tracon_jobs.runs.execution import Execution, Link
+from tracon_jobs.runs.execution import Execution, Link, RunFailure
 from tracon_jobs.runs.ledger import ApprovalUsed, Ledger, ToolOutcome, arguments_hash
+from tracon_jobs.runs.lifecycle import ErrorClass, RunError
 from tracon_jobs.runs.retries import Sleep, run_with_retries
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import SubAgents
@@ -78,6 +79,7 @@ class ToolCalls:
         (then every call passes the budget gate before any reports its spend, the hazard the
         reliability guide names for concurrent tool calls). Raises `WaitingForPerson` before
         any call runs when some call still needs an approval."""
+        stop_unless_repeated(ex, calls)
         self._ask_for_approvals(ex, call_no, calls)
         if not self.concurrent or len(calls) < 2:
             results = []
@@ -338,6 +340,24 @@ class ToolCalls:
                 ok=False, error_code=exc.code, error_message=str(exc), attempts=exc.attempts
             )
         return ToolOutcome(ok=True, result=done.result, attempts=done.attempts)
+
+
+def stop_unless_repeated(ex: Execution, calls: list[ToolCall]) -> None:
+    """A continuation goes on only while the model repeats, with the same arguments, each
+    call the interrupted run had in flight (its outcome unknown); else it stops here."""
+    keys = {(call.name, arguments_hash(parse_arguments(call.arguments)[0])) for call in calls}
+    missing = ex.chain.unrepeated(keys)
+    if missing:
+        tool, _hash = missing[0]
+        raise RunFailure(
+            RunError(
+                "continuation_blocked",
+                ErrorClass.INFRASTRUCTURE,
+                f"the continuation did not repeat '{tool}' with the arguments the interrupted "
+                "run called it with, and its outcome is unknown; nothing else was started",
+            ),
+            blocked={"tool": tool, "reason": "in-flight call not repeated"},
+        )
 
 
 def gated(ex: Execution, spec: ToolSpec) -> bool:
