@@ -31,6 +31,7 @@ from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisBreakerStore
 from tracon_jobs.resilience.budgets import RedisBudgetStore
+from tracon_jobs.resilience.cache import RedisResponseCache
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
 from tracon_jobs.runs.approvals import Approvals, ApprovalStore
 from tracon_jobs.runs.continuation import Continuations
@@ -181,6 +182,7 @@ class Runtime:
             workflows=self.workflow_runner,
             owner_id=self.owner_id,
             draining=self.draining,
+            cache=RedisResponseCache(self.redis),
             sleep=self.sleep,
         )
 

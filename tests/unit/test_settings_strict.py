@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from tracon_jobs.errors import ConfigurationError
-from tracon_jobs.settings import Settings, load_settings
+from tracon_jobs.settings import ConfigModel, Settings, load_settings
 
 
 def load(tmp_path: Path, tracon: Mapping[str, Any], **environ: str) -> Settings:
@@ -208,3 +209,31 @@ def test_did_you_mean_from_an_environment_variable_names_it(tmp_path: Path) -> N
 
     assert 'did you mean "FailureThreshold"?' in error.rule
     assert "TRACON__CIRCUITBREAKER__FAILURETRESHOLD" in error.rule
+
+
+def _config_models() -> list[type[ConfigModel]]:
+    found: list[type[ConfigModel]] = []
+    todo: list[type[ConfigModel]] = [ConfigModel]
+    while todo:
+        model = todo.pop()
+        found.append(model)
+        todo += model.__subclasses__()
+    return found
+
+
+def test_no_section_declares_a_lenient_boolean() -> None:
+    """A `bool` field must be declared `Flag`, or pydantic takes `"yes"` and `0` again."""
+    lenient = []
+    for model in _config_models():
+        for name, field in model.model_fields.items():
+            if field.annotation not in (bool, bool | None):
+                continue
+            alias = field.alias or name
+            try:
+                model.model_validate({alias: "yes"})
+            except ValidationError as exc:
+                if any(error["loc"] == (alias,) for error in exc.errors()):
+                    continue
+            lenient.append(f"{model.__name__}.{alias}")
+
+    assert lenient == []

@@ -36,6 +36,12 @@ from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, Too
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import Admission, CircuitBreaker, Ticket, Transition
 from tracon_jobs.resilience.budgets import BudgetStore, Limits
+from tracon_jobs.resilience.cache import (
+    ResponseCache,
+    request_key,
+    response_from_json,
+    response_to_json,
+)
 from tracon_jobs.resilience.classify import classify
 from tracon_jobs.resilience.concurrency import Slots
 from tracon_jobs.runs.approvals import ApprovalStore
@@ -96,6 +102,7 @@ class RunExecutor:
         workflows: WorkflowRunner | None = None,
         owner_id: str,
         draining: threading.Event,
+        cache: ResponseCache | None = None,
         sleep: Sleep | None = None,
     ) -> None:
         self.settings = settings
@@ -109,6 +116,7 @@ class RunExecutor:
         self.live_runs = live_runs
         self.owner_id = owner_id
         self.draining = draining  # set once a graceful stop began: claim nothing new
+        self.cache = cache  # agents' cached model responses (`Agents.<name>.Cache`)
         self.ledger = Ledger(runs)
         self.approvals = approvals
         self.workflows = workflows  # runs of kind `workflow` go to it
@@ -415,6 +423,11 @@ class RunExecutor:
         )
         reserved = self._budget_for_model_call(ex, messages)
         self.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
+        cache_key, cached = self._cached(ex, link, request)
+        if cached is not None:
+            ex.tree_budget().spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
+            self._record_spend(ex, link, cached, index, 0, cached=True)
+            return cached
         try:
             with (
                 self.slots.hold(link.provider_name, ex.signal),
@@ -426,7 +439,25 @@ class RunExecutor:
             raise self._model_call_failed(ex, link, ticket, exc) from exc
         self._report_circuit(ex, link.provider_name, self.breaker.success(ticket))
         self._record_spend(ex, link, response, index, reserved)
+        if cache_key is not None and self.cache is not None:
+            config = ex.agent.cache
+            ttl_ms = int(config.ttl.total_seconds() * 1000)
+            value = response_to_json(response)
+            self.cache.put(ex.run.agent, cache_key, value, ttl_ms, config.max_entries)
         return response
+
+    def _cached(
+        self, ex: Execution, link: Link, request: ModelRequest
+    ) -> tuple[str | None, ModelResponse | None]:
+        """(the request's cache key, a cached answer) when the agent caches its responses.
+
+        Looked up here, inside the link's loop: its circuit admitted the loop already, so an
+        open circuit blocks a call whatever the cache holds."""
+        if self.cache is None or not ex.agent.cache.enabled:
+            return None, None
+        key = request_key(link.provider_name, request)
+        found = self.cache.get(ex.run.agent, key)
+        return key, None if found is None else response_from_json(found)
 
     def _budget_for_model_call(self, ex: Execution, messages: list[Message]) -> int:
         """Refuse the call when the tree is spent; else the tokens reserved for it."""
@@ -457,10 +488,19 @@ class RunExecutor:
         return LinkFailed(exc, verdict.transient)
 
     def _record_spend(
-        self, ex: Execution, link: Link, response: ModelResponse, index: int, reserved: int
+        self,
+        ex: Execution,
+        link: Link,
+        response: ModelResponse,
+        index: int,
+        reserved: int,
+        *,
+        cached: bool = False,
     ) -> None:
         pricing = self.settings.pricing
         amount, source = price_at(pricing, link.model, response.model, response.usage)
+        if cached:  # nothing was spent: a known zero, whatever the model's price
+            amount, source = Decimal(0), "Configured"
         usage = response.usage
         currency = self.settings.pricing.currency
         metrics.model_spend(
@@ -497,6 +537,7 @@ class RunExecutor:
                 "outputTokens": spend.output_tokens,
             },
             "cost": {"amount": float(amount), "source": source},
+            "cached": cached,
         }
         self.runs.record_spend(ex.claim, spend, data)
 

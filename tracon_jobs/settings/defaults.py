@@ -138,6 +138,17 @@ recovers."""
 DRAIN_TIMEOUT: Final = timedelta(seconds=30)
 """Longest a graceful stop waits for in-flight runs; a stuck run must not block a deploy."""
 
+# --- Agents.<name>.Cache ---------------------------------------------------------------------
+
+RESPONSE_CACHE_ENABLED: Final = False
+"""Off: every model call goes to the provider."""
+
+RESPONSE_CACHE_TTL: Final = timedelta(hours=1)
+"""How long a cached model response answers an identical request."""
+
+RESPONSE_CACHE_MAX_ENTRIES: Final = 10_000
+"""The most responses one agent keeps cached; the oldest go first."""
+
 # --- Approvals -----------------------------------------------------------------------------
 
 APPROVAL_TIMEOUT: Final = timedelta(days=1)

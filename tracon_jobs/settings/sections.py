@@ -452,6 +452,15 @@ class ModelBinding(ConfigModel):
         return [(self.provider, self.model)] + [(f.provider, f.model) for f in self.fallbacks]
 
 
+class ResponseCacheSettings(ConfigModel):
+    """Answers to identical model requests, shared by the cluster in Redis; never used while
+    the provider's circuit is open (the cache sits inside the tool-call loop)."""
+
+    enabled: Flag = defaults.RESPONSE_CACHE_ENABLED
+    ttl: PositiveDuration = defaults.RESPONSE_CACHE_TTL
+    max_entries: AtLeastOne = defaults.RESPONSE_CACHE_MAX_ENTRIES
+
+
 class AgentSettings(ConfigModel):
     """One named agent: its instructions, the model it calls, and the tools and agents it uses."""
 
@@ -472,6 +481,10 @@ class AgentSettings(ConfigModel):
         [],
         description="Tools whose every call waits for a person's approval, in addition to "
         "those registered `requires_approval=True`.",
+    )
+    cache: ResponseCacheSettings = Field(
+        default_factory=ResponseCacheSettings,
+        description="Cache the agent's model responses (off by default).",
     )
 
 
