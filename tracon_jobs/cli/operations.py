@@ -122,6 +122,43 @@ def _run(runtime: Runtime, run_id: str, tenant: str | None) -> Run:
     return run
 
 
+def cmd_workflows_list(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    registry = runtime.workflow_registry
+    print(f"{'WORKFLOW':<28} DESCRIPTION")
+    for name in registry.names():
+        spec = registry.get(name)
+        print(f"{name:<28} {spec.description if spec else ''}")
+    return 0
+
+
+def cmd_workflows_runs(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.runs.store import RunFilter
+
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant)
+    filters = RunFilter(status=args.status, kind="workflow")
+    print(RUN_HEADER)
+    for run in runtime.runs.page(tenant_id, filters, limit=args.limit, before=None):
+        print(_run_line(run))
+    return 0
+
+
+def cmd_workflows_resume(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.workflows.store import ResumeConflict
+
+    runtime = load_runtime()
+    run = _run(runtime, args.run_id, args.tenant)
+    if run.kind != "workflow":
+        raise CommandError(f"run '{args.run_id}' is not a workflow run")
+    try:
+        resumed = runtime.workflow_resumes.resume(run)
+    except ResumeConflict as conflict:
+        raise CommandError(str(conflict)) from None
+    print(resumed.id)
+    return 0
+
+
 def cmd_runs_show(args: argparse.Namespace, rest: list[str]) -> int:
     from tracon_jobs.runs.ledger import Ledger
     from tracon_jobs.runs.views import run_json, tool_call_json

@@ -21,6 +21,9 @@ from tracon_jobs.cli.operations import (
     cmd_runs_show,
     cmd_runs_tail,
     cmd_tenants_create,
+    cmd_workflows_list,
+    cmd_workflows_resume,
+    cmd_workflows_runs,
     run_status,
 )
 from tracon_jobs.cli.processes import cmd_beat, cmd_flower, cmd_migrate, cmd_web, cmd_worker
@@ -59,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_commands(command)
     add_idempotency_commands(command)
     add_approval_commands(command)
+    add_workflow_commands(command)
     return parser
 
 
@@ -198,6 +202,38 @@ def add_approval_commands(command: Command) -> None:
     decide.add_argument("--comment", help="a note kept with the decision")
     decide.add_argument("--tenant", required=True, help="tenant name or id")
     decide.set_defaults(handler=cmd_approvals_decide, passthrough=False)
+
+
+def add_workflow_commands(command: Command) -> None:
+    """`workflows list`, `workflows runs --tenant T [--status S]` and
+    `workflows resume RUN_ID --tenant T`."""
+    group = command("workflows", None, "list workflows and their runs; resume a failed run")
+    wsub = group.add_subparsers(metavar="action")
+    wlist = wsub.add_parser(
+        "list",
+        help="the workflows this configuration registers",
+        description="The workflows the modules in WorkflowModules register, with their "
+        "descriptions.",
+    )
+    wlist.set_defaults(handler=cmd_workflows_list, passthrough=False)
+    wruns = wsub.add_parser(
+        "runs",
+        help="list a tenant's workflow runs",
+        description="List a tenant's workflow runs, newest first (columns as `runs list`).",
+    )
+    wruns.add_argument("--tenant", required=True, help="tenant name or id")
+    wruns.add_argument("--status", type=run_status, help="only runs in this status (any case)")
+    wruns.add_argument("--limit", type=int, default=20, help="most runs listed (default 20)")
+    wruns.set_defaults(handler=cmd_workflows_runs, passthrough=False)
+    resume = wsub.add_parser(
+        "resume",
+        help="resume a Failed workflow run from its latest checkpoint",
+        description="Start the run that continues a Failed workflow run from its latest "
+        "checkpoint; prints the new run's id.",
+    )
+    resume.add_argument("run_id", help="the Failed workflow run")
+    resume.add_argument("--tenant", required=True, help="tenant name or id")
+    resume.set_defaults(handler=cmd_workflows_resume, passthrough=False)
 
 
 def add_idempotency_commands(command: Command) -> None:

@@ -178,6 +178,7 @@ class RunFilter:
     status: str | None = None
     agent: str | None = None
     session_id: str | None = None
+    kind: str | None = None  # "agent" | "workflow"
 
 
 def iso(value: datetime | None) -> str | None:
@@ -592,6 +593,8 @@ class RunStore:
             query = query.where(Run.agent == filters.agent)
         if filters.session_id:
             query = query.where(Run.session_id == filters.session_id)
+        if filters.kind:
+            query = query.where(Run.kind == filters.kind)
         if before is not None:
             created, run_id = before
             query = query.where(
