@@ -33,11 +33,13 @@ from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisB
 from tracon_jobs.resilience.budgets import RedisBudgetStore
 from tracon_jobs.resilience.cache import RedisResponseCache
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
+from tracon_jobs.resilience.quotas import RedisQuotaStore
 from tracon_jobs.runs.approvals import Approvals, ApprovalStore
 from tracon_jobs.runs.continuation import Continuations
 from tracon_jobs.runs.dispatch import RUNS_QUEUE, RunDispatcher, Sender, celery_sender
 from tracon_jobs.runs.executor import Resilience, RunExecutor
 from tracon_jobs.runs.live import LiveRuns
+from tracon_jobs.runs.quota import Quotas
 from tracon_jobs.runs.reconcile import Reconciler
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore
@@ -145,6 +147,16 @@ class Runtime:
         return RedisBudgetStore(self.redis)
 
     @cached_property
+    def quotas(self) -> Quotas:
+        """Tenants' cost quotas: limits in SQL, counters in Redis."""
+        return Quotas(
+            self.settings.tenants.default_quota,
+            RedisQuotaStore(self.redis),
+            self.db,
+            self.settings.pricing.currency,
+        )
+
+    @cached_property
     def cancel_bus(self) -> RedisCancelBus:
         return RedisCancelBus(self.redis)
 
@@ -175,7 +187,7 @@ class Runtime:
             self.db,
             self.tools,
             self.providers,
-            Resilience(self.breaker, self.slots, self.budgets),
+            Resilience(self.breaker, self.slots, self.budgets, self.quotas),
             self.live_runs,
             self.subagents,
             self.approval_store,
@@ -215,6 +227,7 @@ class Runtime:
             self.budgets,
             self.subagents,
             lambda run_id: self.executor.execute(run_id),
+            quotas=self.quotas,
         )
 
     @cached_property

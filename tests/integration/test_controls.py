@@ -20,7 +20,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from flask.testing import FlaskClient
 from sqlalchemy import func, select, update
 
 import beat_schedules
@@ -143,9 +142,7 @@ def test_safe_to_repeat_lets_a_continuation_repeat_a_write_in_flight_with_its_ke
     # Then a safe_to_repeat write is continued, and runs again with the key it had
     continuation_id = result.continued[orphan.id]
     assert "RunContinuationBlocked" not in event_types(runtime, orphan.id)
-    assert events_of(runtime, orphan.id, "RunContinued") == [
-        {"continuationRunId": continuation_id}
-    ]
+    assert events_of(runtime, orphan.id, "RunContinued") == [{"continuationRunId": continuation_id}]
     assert runtime.executor.execute(continuation_id) == "Completed"
     assert fetch(runtime, continuation_id).output == {"text": "written"}
     ran = [w for w in tools_extra.writes if w[1] in (orphan.id, continuation_id)]
@@ -270,7 +267,8 @@ def test_reconciliation_off_a_reconcile_tick_leaves_a_silent_run_running(
     # runs (it writes no heartbeats, so every run older than OrphanThreshold looks silent).
     # The schedule has no entry (above); a tick that still arrives (a beat with another
     # configuration, `celery call tracon.reconcile.scan`) must do nothing either.
-    reconcile = {"Enabled": enabled, "OrphanThreshold": "00:00:05"}
+    # Off: the default settings (OrphanThreshold 5 min); the run was claimed 10 min ago.
+    reconcile = RECONCILE if enabled else {}
     runtime = make_runtime(
         sqlite_url, sender=hold_queued, RunReconciliation=reconcile, **agent([], [])
     )
@@ -463,7 +461,3 @@ def test_run_statistics_count_statuses_and_usage_by_model_for_the_tenant_only(
     assert body["cost"]["currency"] == runtime.settings.pricing.currency
 
     assert http.get("/api/statistics/runs").status_code == 401
-
-
-def _unused(client: FlaskClient) -> None:  # pragma: no cover - keeps the import typed
-    del client

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
+from tests import tools
 from tests.helpers import MakeRuntime, Script, claim_run, scripted_agent
 from tests.stub_provider import Reply, StubProvider, StubToolCall, error, reply
+from tracon_jobs import ToolContext, tool
 from tracon_jobs.db.models import Run, ToolCallRecord
 from tracon_jobs.errors import RunTakenAway
 from tracon_jobs.runs.lifecycle import RunStatus
@@ -299,3 +301,50 @@ def test_a_dated_suffix_falls_back_to_the_undated_price() -> None:
     assert price_at(pricing, "my-alias", "gpt-4o-2024-08-06", usage) == (Decimal(1), "Configured")
     assert price_at(pricing, "my-alias", "gpt-4o-0613", usage) == (Decimal(1), "Configured")
     assert price_at(pricing, "my-alias", "other-2024-08-06", usage) == (Decimal(0), "Unknown")
+
+
+CANCEL_IN_SQL: list[Runtime] = []
+
+
+@tool(side_effect="none", name="cancel_in_sql_only")
+def cancel_in_sql_only(*, context: ToolContext) -> str:
+    """Stands in for another web node's cancel whose notice has not arrived: SQL only."""
+    runtime = CANCEL_IN_SQL[-1]
+    with runtime.db.write() as session:
+        session.execute(
+            update(Run).where(Run.id == context.run_id).values(cancel_requested_at=runtime.db.now())
+        )
+    return "canceled in SQL"
+
+
+def test_a_tool_body_does_not_start_once_the_run_was_canceled_in_sql(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    """Ownership and the cancel flag are read from SQL right before a tool body starts, so
+    an owner that has not heard of a cancel (or of a takeover) yet never starts one late."""
+    script: Script = [
+        {
+            "ToolCalls": [
+                {"Name": "cancel_in_sql_only", "Arguments": {}},
+                {"Name": "lookup_order", "Arguments": {"order_id": "A-1"}},
+            ]
+        },
+        {"Text": "done"},
+    ]
+    runtime = make_runtime(
+        sql_url, **scripted_agent(script, ["cancel_in_sql_only", "lookup_order"])
+    )
+    CANCEL_IN_SQL.append(runtime)
+    run_id = submit(runtime)
+    before = len([c for c in tools.calls if c[0] == "lookup_order"])
+
+    runtime.executor.execute(run_id)
+
+    assert len([c for c in tools.calls if c[0] == "lookup_order"]) == before
+    with runtime.db.read() as session:
+        rows = session.scalars(
+            select(ToolCallRecord).where(
+                ToolCallRecord.run_id == run_id, ToolCallRecord.tool == "lookup_order"
+            )
+        ).all()
+    assert [(row.status, row.error_code) for row in rows] == [("failed", "CANCELLED")]

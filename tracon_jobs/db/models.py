@@ -227,3 +227,15 @@ class WorkflowNode(Base):
     result: Mapped[dict[str, Any] | None]  # {"value": ...}
     created_at: Mapped[datetime]
     answered_at: Mapped[datetime | None]
+
+
+class TenantQuotaOverride(Base):
+    """A tenant's own cost quota, set by an operator; without a row the tenant has
+    `Tenants.DefaultQuota`. A row whose `cost_limit` is null gives the tenant no quota."""
+
+    __tablename__ = "tenant_quotas"
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    period: Mapped[str] = mapped_column(String(10))  # day | month
+    cost_limit: Mapped[float | None] = mapped_column(Numeric(18, 8))
+    updated_at: Mapped[datetime]

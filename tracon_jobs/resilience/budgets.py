@@ -64,6 +64,32 @@ class Limits:
         ]
 
 
+BUDGET_EXCEEDED = "run_budget_exceeded"
+QUOTA_EXCEEDED = "tenant_quota_exceeded"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a gate keeps work from starting: the run's error type (`run_budget_exceeded` for
+    the tree's budget, `tenant_quota_exceeded` for the tenant's quota; both of class
+    `QuotaExceeded`) and a message naming the limit."""
+
+    type: str
+    message: str
+
+    @property
+    def quota(self) -> bool:
+        return self.type == QUOTA_EXCEEDED
+
+    @property
+    def tool_code(self) -> str:
+        """The error code a refused tool call answers the model with."""
+        return "TENANT_QUOTA_EXCEEDED" if self.quota else "BUDGET_EXCEEDED"
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @dataclass(frozen=True)
 class Totals:
     tokens: int = 0

@@ -19,7 +19,16 @@ from sqlalchemy.orm import Session
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
 from tracon_jobs.providers.base import Message
-from tracon_jobs.resilience.budgets import BudgetStore, Gate, Limits, Totals, refusal_message
+from tracon_jobs.resilience.budgets import (
+    BUDGET_EXCEEDED,
+    BudgetStore,
+    Gate,
+    Limits,
+    Refusal,
+    Totals,
+    refusal_message,
+)
+from tracon_jobs.runs.quota import Quotas, TenantQuota
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +43,11 @@ class TreeBudget:
     root: str
     currency: str
     db: Database
+    quota: TenantQuota | None = None  # the tenant's cost quota, checked at the same gates
 
     def refuse_model_call(
         self, messages: list[Message], max_output: int | None
-    ) -> tuple[str | None, int]:
+    ) -> tuple[Refusal | None, int]:
         """(refusal message or None, tokens reserved for this call)."""
         reserve = estimate_tokens(messages) + (max_output or DEFAULT_OUTPUT_RESERVE)
         if self.limits.tokens is None:
@@ -45,18 +55,19 @@ class TreeBudget:
         refusal = self._gate("model", reserve)
         return refusal, 0 if refusal else reserve
 
-    def refuse_tool_call(self) -> str | None:
+    def refuse_tool_call(self) -> Refusal | None:
         return self._gate("tool")
 
-    def refuse_node(self) -> str | None:
+    def refuse_node(self) -> Refusal | None:
         """A workflow function node: `MaxTotalCost` and `MaxDuration` keep it from starting."""
         return self._gate("node")
 
-    def refuse_child(self, depth: int) -> str | None:
+    def refuse_child(self, depth: int) -> Refusal | None:
         if depth > self.limits.depth:
-            return (
+            return Refusal(
+                BUDGET_EXCEEDED,
                 f"a child run at depth {depth} exceeds Tracon:AgentGraph:MaxDepth "
-                f"({self.limits.depth})"
+                f"({self.limits.depth})",
             )
         return self._gate("child")
 
@@ -69,8 +80,16 @@ class TreeBudget:
             log.warning(
                 "budget store unreachable; spend of tree %s not counted: %s", self.root, exc
             )
+        if self.quota is not None and cost > 0:
+            self.quota.spent(cost)  # counted at once: the quota's gate has nothing unseen
 
-    def _gate(self, kind: Gate, reserve: int = 0) -> str | None:
+    def _gate(self, kind: Gate, reserve: int = 0) -> Refusal | None:
+        """The tenant's quota first (a refusal leaves no reservation or child behind), then
+        the tree's budget."""
+        if self.quota is not None:
+            refusal = self.quota.refuse()
+            if refusal is not None:
+                return refusal
         try:
             verdict = self.store.gate(self.root, kind, self.limits, reserve)
             if verdict.lost:
@@ -80,7 +99,9 @@ class TreeBudget:
         except redis.RedisError as exc:
             log.warning("budget store unreachable; %s of tree %s allowed: %s", kind, self.root, exc)
             return None
-        return None if verdict.allowed else refusal_message(verdict, self.limits, self.currency)
+        if verdict.allowed:
+            return None
+        return Refusal(BUDGET_EXCEEDED, refusal_message(verdict, self.limits, self.currency))
 
 
 def estimate_tokens(messages: list[Message]) -> int:
@@ -89,7 +110,12 @@ def estimate_tokens(messages: list[Message]) -> int:
 
 
 def open_budget(
-    store: BudgetStore, db: Database, limits: Limits, run: Run, currency: str
+    store: BudgetStore,
+    db: Database,
+    limits: Limits,
+    run: Run,
+    currency: str,
+    quotas: Quotas | None = None,
 ) -> TreeBudget:
     fresh_root = run.id == run.root_run_id and run.continued_from_run_id is None
     seed = Totals() if fresh_root and run.fence == 1 else seed_totals(db, run.root_run_id)
@@ -97,7 +123,8 @@ def open_budget(
         store.open(run.root_run_id, seed)
     except redis.RedisError as exc:
         log.warning("budget store unreachable when opening tree %s: %s", run.root_run_id, exc)
-    return TreeBudget(store, limits, run.root_run_id, currency, db)
+    quota = None if quotas is None else quotas.for_run(run.tenant_id)
+    return TreeBudget(store, limits, run.root_run_id, currency, db, quota)
 
 
 class ChainUnreadable(Exception):

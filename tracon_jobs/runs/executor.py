@@ -60,6 +60,7 @@ from tracon_jobs.runs.execution import (
 from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import CANCELED, LiveRuns
+from tracon_jobs.runs.quota import Quotas
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore, TurnSpend
 from tracon_jobs.runs.subagents import SubAgents, agent_tool_schema
@@ -82,6 +83,7 @@ class Resilience:
     breaker: CircuitBreaker
     slots: Slots
     budgets: BudgetStore
+    quotas: Quotas | None = None  # tenants' cost quotas, checked at the budget's gates
 
 
 class RunExecutor:
@@ -113,6 +115,7 @@ class RunExecutor:
         self.breaker = guards.breaker
         self.slots = guards.slots
         self.budgets = guards.budgets
+        self.quotas = guards.quotas
         self.live_runs = live_runs
         self.owner_id = owner_id
         self.draining = draining  # set once a graceful stop began: claim nothing new
@@ -256,7 +259,8 @@ class RunExecutor:
     def _open_budget(self, run: Run) -> TreeBudget:
         """The tree's shared budget, seeded from SQL (the chain read once, all or nothing)."""
         limits = Limits.from_settings(self.settings.agent_graph)
-        return open_budget(self.budgets, self.db, limits, run, self.settings.pricing.currency)
+        currency = self.settings.pricing.currency
+        return open_budget(self.budgets, self.db, limits, run, currency, self.quotas)
 
     def _resolve_tools(self, agent: AgentSettings) -> dict[str, ToolSpec]:
         tools: dict[str, ToolSpec] = {}
@@ -465,7 +469,7 @@ class RunExecutor:
             messages, ex.agent.model.max_output_tokens
         )
         if refusal is not None:
-            raise RunFailure(RunError("run_budget_exceeded", ErrorClass.QUOTA_EXCEEDED, refusal))
+            raise RunFailure(RunError(refusal.type, ErrorClass.QUOTA_EXCEEDED, refusal.message))
         return reserved
 
     def _model_call_failed(

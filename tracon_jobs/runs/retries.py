@@ -50,14 +50,21 @@ def run_with_retries(
     *,
     on_retry: OnRetry,
     sleep: Sleep | None = None,
+    before_attempt: Callable[[], None] | None = None,
 ) -> Attempted:
-    """Run the execution's attempts; raises the last ToolError with `.attempts` set."""
+    """Run the execution's attempts; raises the last ToolError with `.attempts` set.
+
+    `before_attempt` runs right before each attempt's body (the executor checks there
+    that the run is still its own and not canceled); what it raises ends the execution.
+    """
     run_signal = context.signal
     attempt = 0
 
     def one_attempt() -> Any:
         nonlocal attempt
         attempt += 1
+        if before_attempt is not None:
+            before_attempt()
         per_attempt = run_signal.child(timeout=spec.timeout_ms / 1000)
         try:
             return run_attempt(spec, arguments, _with(context, attempt, per_attempt))

@@ -507,6 +507,18 @@ class RunStore:
             self._close(run_id, RunStatus.QUEUED, None, RunStatus.CANCELED, error=error) is not None
         )
 
+    def still_owned(self, claim: Claim) -> str | None:
+        """Why the claim may no longer start work (`taken_away`, `canceled`), or None: read
+        right before a tool body starts, so a paused owner never starts one late."""
+        query = select(RUNS.c.status, RUNS.c.fence, RUNS.c.cancel_requested_at).where(
+            RUNS.c.id == claim.run_id
+        )
+        with self.db.read() as session:
+            row = session.execute(query).one_or_none()
+        if row is None or row.fence != claim.fence or row.status != RunStatus.RUNNING.value:
+            return "taken_away"
+        return "canceled" if row.cancel_requested_at is not None else None
+
     def release(self, claim: Claim, reason: str) -> bool:
         """Give a claimed run back to the queue untouched, for a worker that can run it.
 

@@ -19,7 +19,7 @@ from typing import Any
 from tracon_jobs import logs
 from tracon_jobs.agents.tools import ToolContext, ToolSpec
 from tracon_jobs.db.models import Approval
-from tracon_jobs.errors import ToolError
+from tracon_jobs.errors import RunTakenAway, ToolCanceledError, ToolError
 from tracon_jobs.providers.base import Message, ToolCall
 from tracon_jobs.runs.approvals import ApprovalRequest, ApprovalStatus, ApprovalStore
 from tracon_jobs.runs.execution import Execution, Link, RunFailure
@@ -178,10 +178,15 @@ class ToolCalls:
         message = arguments.get("message")
         refusal = ex.tree_budget().refuse_child(ex.run.depth + 1)
         if parse_error or not isinstance(message, str) or refusal:
+            code = "INVALID_ARGUMENTS"
+            if refusal:
+                code = refusal.tool_code if refusal.quota else "CHILD_REFUSED"
             outcome = ToolOutcome(
                 ok=False,
-                error_code="CHILD_REFUSED" if refusal else "INVALID_ARGUMENTS",
-                error_message=refusal or parse_error or "message: a string is required",
+                error_code=code,
+                error_message=(refusal.message if refusal else None)
+                or parse_error
+                or "message: a string is required",
                 attempts=0,
             )
             self.ledger.refuse(ex.claim, call_no, call.id, ledger_name, arguments, outcome)
@@ -201,9 +206,9 @@ class ToolCalls:
             return None
         outcome = ToolOutcome(
             ok=False,
-            error_code="BUDGET_EXCEEDED",
+            error_code=refusal.tool_code,
             attempts=0,
-            error_message=f"{refusal}. The tool call did not start.",
+            error_message=f"{refusal.message}. The tool call did not start.",
         )
         self.ledger.refuse(ex.claim, call_no, call.id, call.name, arguments, outcome)
         return outcome
@@ -331,9 +336,22 @@ class ToolCalls:
             }
             self.runs.append(ex.claim, "CapabilityRetried", data)
 
+        def still_ours() -> None:
+            """The fence and the cancel flag, read from SQL right before the body starts."""
+            reason = self.runs.still_owned(ex.claim)
+            if reason == "taken_away":
+                raise RunTakenAway(f"run {ex.claim.run_id} was taken away before {spec.name}")
+            if reason == "canceled":
+                raise ToolCanceledError(f"the run was canceled before '{spec.name}' started")
+
         try:
             done = run_with_retries(
-                spec, arguments, context, on_retry=announce_retry, sleep=self.sleep
+                spec,
+                arguments,
+                context,
+                on_retry=announce_retry,
+                sleep=self.sleep,
+                before_attempt=still_ours,
             )
         except ToolError as exc:
             return ToolOutcome(

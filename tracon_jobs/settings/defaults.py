@@ -171,6 +171,15 @@ IDEMPOTENCY_RETENTION: Final = timedelta(days=1)
 """Age after which idempotency records are deleted once retention is on; a day covers any
 reasonable client retry window."""
 
+# --- Tenants (tracon-jobs additions) -------------------------------------------------------
+
+QUOTA_PERIOD: Final[Literal["day", "month"]] = "day"
+"""A quota counts what a tenant spent in the current UTC day, so a runaway day is stopped the
+same day; `month` counts the calendar month."""
+
+QUOTA_COST_LIMIT: Final[Decimal | None] = None
+"""No quota by default: what a tenant may spend is a business decision, not a default."""
+
 # --- Runs (tracon-jobs additions) ----------------------------------------------------------
 
 REQUEUE_AFTER: Final = timedelta(seconds=60)

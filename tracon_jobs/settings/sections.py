@@ -296,6 +296,33 @@ class RetentionSettings(ConfigModel):
 # --- tracon-jobs sections -----------------------------------------------------------------
 
 
+class QuotaSettings(ConfigModel):
+    """A tenant's cost quota: what it may spend in a period, in `Pricing.Currency`."""
+
+    period: Literal["day", "month"] = Field(
+        defaults.QUOTA_PERIOD,
+        description="The window the spend is counted in: the current UTC `day` or calendar "
+        "`month`; the quota resets when it ends.",
+    )
+    cost_limit: Annotated[NonNegativeDecimal | None, Rule("null: no quota")] = Field(
+        defaults.QUOTA_COST_LIMIT,
+        description="What the tenant may spend in the period; once spent, no model call, tool "
+        "call, child run or workflow node starts and submissions answer `429`. `0` stops all "
+        "paid work of the tenant.",
+    )
+
+
+class TenantsSettings(ConfigModel):
+    """Tenant governance: the cost quota of a tenant that has none of its own
+    (`tracon-jobs tenants quota` sets one per tenant)."""
+
+    default_quota: QuotaSettings = Field(
+        default_factory=QuotaSettings,
+        description="The quota of every tenant without its own (none by default).",
+    )
+
+
+
 class RunsSettings(ConfigModel):
     """Liveness of queued runs and limits of one run (tracon-jobs additions)."""
 
@@ -509,6 +536,7 @@ class Settings(ConfigModel):
     approvals: ApprovalsSettings = Field(default_factory=ApprovalsSettings)
     tool_loop: ToolLoopSettings = Field(default_factory=ToolLoopSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    tenants: TenantsSettings = Field(default_factory=TenantsSettings)
     runs: RunsSettings = Field(default_factory=RunsSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)

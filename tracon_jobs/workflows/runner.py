@@ -19,10 +19,11 @@ from typing import Any
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import RunCanceled, RunTakenAway
-from tracon_jobs.resilience.budgets import BudgetStore, Limits
+from tracon_jobs.resilience.budgets import BudgetStore, Limits, Refusal
 from tracon_jobs.runs.budget import ChainUnreadable, TreeBudget, open_budget
 from tracon_jobs.runs.execution import stopped
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
+from tracon_jobs.runs.quota import Quotas
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import SubAgents
 from tracon_jobs.settings import Settings
@@ -62,6 +63,7 @@ class WorkflowRunner:
         budgets: BudgetStore,
         children: SubAgents,
         run_inline: Callable[[str], object],
+        quotas: Quotas | None = None,
     ) -> None:
         self.settings = settings
         self.runs = runs
@@ -70,6 +72,7 @@ class WorkflowRunner:
         self.budgets = budgets
         self.children = children
         self.run_inline = run_inline  # executes a child nobody claimed, on this thread
+        self.quotas = quotas  # tenants' cost quotas, checked where the budget is
 
     def knows(self, name: str) -> bool:
         return self.registry.knows(name)
@@ -108,7 +111,7 @@ class WorkflowRunner:
         chain = self.store.chain(run)
         limits = Limits.from_settings(self.settings.agent_graph)
         currency = self.settings.pricing.currency
-        budget = open_budget(self.budgets, self.runs.db, limits, run, currency)
+        budget = open_budget(self.budgets, self.runs.db, limits, run, currency, self.quotas)
         recorded = self.store.recorded(chain)
         if not self.settings.workflows.enable_checkpointing:  # answers are input, not nodes
             recorded = {node: hit for node, hit in recorded.items() if hit.kind == "ask"}
@@ -194,7 +197,7 @@ class WorkflowExecution:
         self._ensure_live()
         refusal = self.budget.refuse_child(self.run.depth + 1)
         if refusal is not None:
-            self._event("WorkflowNodeFailed", node=node, attempt=1, error=refusal)
+            self._event("WorkflowNodeFailed", node=node, attempt=1, error=refusal.message)
             raise WorkflowStop(_refused(node, refusal))
         self._event("WorkflowNodeStarted", node=node, kind="agent", agent=agent, attempt=1)
         children = self.runner.children
@@ -253,7 +256,7 @@ class WorkflowExecution:
     def _gate_node(self, node: str) -> None:
         refusal = self.budget.refuse_node()
         if refusal is not None:
-            self._event("WorkflowNodeFailed", node=node, attempt=0, error=refusal)
+            self._event("WorkflowNodeFailed", node=node, attempt=0, error=refusal.message)
             raise WorkflowStop(_refused(node, refusal))
 
     def _checkpoint(self, node: str, kind: str, value: Any, **extra: Any) -> None:
@@ -273,11 +276,11 @@ class WorkflowExecution:
             raise stopped(self.signal)
 
 
-def _refused(node: str, refusal: str) -> RunError:
+def _refused(node: str, refusal: Refusal) -> RunError:
     return RunError(
-        "run_budget_exceeded",
+        refusal.type,
         ErrorClass.QUOTA_EXCEEDED,
-        f"workflow node '{node}' did not start: {refusal}",
+        f"workflow node '{node}' did not start: {refusal.message}",
     )
 
 
