@@ -69,7 +69,11 @@ class Runtime:
         workflows: WorkflowRegistry | None = None,
     ) -> None:
         self.settings = settings
-        self.db = Database(settings.database.url, pool_size=settings.worker.concurrency + 5)
+        self.db = Database(
+            settings.database.url,
+            pool_size=settings.worker.concurrency + 5,
+            outage_retry_seconds=settings.database.outage_retry.total_seconds(),
+        )
         # One quick retry, not redis-py's default backoff: an unreachable Redis must not
         # stall a provider call for seconds before `OnStoreUnavailable` decides.
         self.redis = redis.Redis.from_url(

@@ -22,22 +22,26 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
         console,
         draining,
         health,
+        inputs,
         metrics,
         openai_compat,
         openapi,
         operations,
         problems,
+        quota,
         runs,
         workflows,
     )
 
     app = Flask(__name__)
     app.config.update(SSE_KEEPALIVE_SECONDS=15.0, JSON_SORT_KEYS=False)
+    app.extensions["tracon"] = runtime or Runtime(load_settings())
+    app.config["MAX_CONTENT_LENGTH"] = app.extensions["tracon"].settings.web.max_request_bytes
     if test_config:
         app.config.update(test_config)
-    app.extensions["tracon"] = runtime or Runtime(load_settings())
     app.extensions["tracon_metrics"] = metrics.approval_registry(app.extensions["tracon"].db)
     problems.init_app(app)
+    inputs.init_app(app)
     draining.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
@@ -45,6 +49,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
     app.register_blueprint(approvals.bp)
     app.register_blueprint(workflows.bp)
     app.register_blueprint(operations.bp)
+    app.register_blueprint(quota.bp)
     app.register_blueprint(openai_compat.bp)
     console.init_app(app)
     app.register_blueprint(agents.bp)

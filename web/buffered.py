@@ -16,6 +16,8 @@ from typing import Any
 from flask import Response, jsonify
 
 from tracon_jobs.db.models import Run
+from tracon_jobs.resilience.budgets import QUOTA_EXCEEDED
+from tracon_jobs.resilience.quotas import utc_now, window_of
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENTS, ErrorClass, RunStatus
 from tracon_jobs.runs.views import run_json
 from web.extensions import runtime
@@ -67,6 +69,9 @@ def ending(run: Run) -> Ending:
 def failed_ending(run: Run) -> Ending:
     if run.error_type == "provider_unavailable":
         return Ending(503, {"Retry-After": str(retry_after_seconds(run))})
+    if run.error_type == QUOTA_EXCEEDED:  # the tenant's quota: it resets when its period ends
+        period = runtime().quotas.quota_of(run.tenant_id).period
+        return Ending(429, {"Retry-After": str(window_of(period).seconds_left(utc_now()))})
     if run.error_class == ErrorClass.QUOTA_EXCEEDED.value:
         return Ending(429)
     return Ending(502)

@@ -16,7 +16,6 @@ Errors are raised as `Problem`s; the `/v1` blueprint renders them in OpenAI's sh
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from flask import Response, current_app, g, request
 
 from tracon_jobs import metrics
 from tracon_jobs.idempotency import IdempotencyStore, Outcome, StoredResponse
+from web import inputs
 from web.auth import tenant_id
 from web.extensions import runtime
 from web.preferences import prefers_async
@@ -123,8 +123,8 @@ def key_problem(detail: str) -> Problem:
 def streams() -> bool:
     """Whether the body asks for a stream (`"stream": true`), which cannot be replayed."""
     try:
-        body = json.loads(request.get_data(cache=True) or b"null")
-    except ValueError:
+        body = inputs.loads(request.get_data(cache=True) or b"null")
+    except Problem:  # not a body this API accepts: the route's parse_body says why
         return False
     return isinstance(body, dict) and body.get("stream") is True
 

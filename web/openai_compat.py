@@ -40,12 +40,14 @@ from web.openai_shapes import (
     turn_separated,
 )
 from web.preferences import prefers_async
-from web.problems import Problem, bad_request
+from web.problems import Problem, bad_request, kept_headers
+from web.quota import refuse_when_spent
 from web.runs import parse_body, submit
 from web.sse import sse_response, tail
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 require_tenant(bp)
+refuse_when_spent(bp, {"openai.chat_completions", "openai.responses"})
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TEXT_PARTS = {"text", "input_text", "output_text"}
@@ -304,4 +306,6 @@ def _problem(problem: Problem) -> Response:
 @bp.errorhandler(HTTPException)
 def _http_exception(exc: HTTPException) -> Response:
     status = exc.code or 500
-    return openai_error(status, exc.description or exc.name, ERROR_CODES.get(status), None)
+    response = openai_error(status, exc.description or exc.name, ERROR_CODES.get(status), None)
+    response.headers.update(kept_headers(exc))
+    return response

@@ -12,6 +12,24 @@ bp = Blueprint("openapi", __name__)
 
 PROBLEM = {"$ref": "#/components/responses/Problem"}
 RUN_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+QUOTA_SPENT = {
+    "description": "the tenant's cost quota is spent (`tenant_quota_exceeded`); nothing was"
+    " written; Retry-After is the seconds to the end of the period",
+    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
+QUOTA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["period", "limit", "used", "left", "resetsAt", "currency"],
+    "properties": {
+        "period": {"enum": ["day", "month"]},
+        "limit": {"type": ["number", "null"], "description": "null: no quota"},
+        "used": {"type": "number", "description": "spent in the current period"},
+        "left": {"type": ["number", "null"]},
+        "resetsAt": {"type": "string", "format": "date-time"},
+        "currency": {"type": "string"},
+    },
+}
 
 
 def _op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -435,7 +453,7 @@ WORKFLOW_PATHS: dict[str, Any] = {
         "post": _op(
             "Start a workflow run (SSE by default; Prefer: respond-async for 202, which a job"
             " owns and, with Workflows.ResumeInterruptedRuns, resumes after a crash)",
-            WORKFLOW_STARTED,
+            {**WORKFLOW_STARTED, "429": QUOTA_SPENT},
             parameters=[
                 {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
                 PREFER,
@@ -495,6 +513,7 @@ def document() -> dict[str, Any]:
                             " JSON of a run still going or waiting for a person)",
                         ),
                         "400": PROBLEM,
+                        "429": QUOTA_SPENT,
                         "503": PROBLEM,
                         **IDEMPOTENCY_RESPONSES,
                     },
@@ -590,6 +609,12 @@ def document() -> dict[str, Any]:
                     {"200": {"description": "one item per configured provider"}},
                 )
             },
+            "/api/quota": {
+                "get": _op(
+                    "The tenant's cost quota and what it spent in the current period",
+                    {"200": _json("Quota", "period, limit, used, left, resetsAt, currency")},
+                )
+            },
             "/api/statistics/runs": {
                 "get": _op(
                     "Counts, tokens and cost, grouped byModel (the model that answered)",
@@ -653,6 +678,7 @@ def document() -> dict[str, Any]:
                         "parameters": {"type": ["object", "null"]},
                     },
                 },
+                "Quota": QUOTA_SCHEMA,
                 "Accepted": {
                     "type": "object",
                     "properties": {"runId": {"type": "string"}, "status": {"type": "string"}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from datetime import datetime
 from typing import Any
 
@@ -18,21 +19,26 @@ from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun, RunFilter
 from tracon_jobs.runs.views import run_json, tool_call_json
+from web import inputs
 from web.auth import require_tenant, tenant_id
 from web.buffered import buffered_run_response, run_view
 from web.extensions import runtime
 from web.idempotency import has_key, idempotent, remember_run
 from web.preferences import prefers_async
 from web.problems import Problem, bad_request, not_found
+from web.quota import refuse_when_spent
 from web.sse import sse_frames, sse_response, tail
 
 bp = Blueprint("runs", __name__, url_prefix="/api")
 require_tenant(bp)
+refuse_when_spent(bp, {"runs.run_agent"})
 
 MAX_PAGE = 200
 MAX_SESSION_ID = 200
 STATUSES = {"Queued", "Running", "Waiting", "Completed", "Failed", "Canceled"}
 INCLUDES = {"messages"}
+MAX_EVENT_SEQ = 2**31 - 1  # the largest sequence number the events table can hold
+CURSOR_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 
 
 class RunRequest(BaseModel):
@@ -45,7 +51,7 @@ class RunRequest(BaseModel):
 
 def parse_body(model: type[BaseModel]) -> Any:
     """The JSON body validated by `model`; 400 naming the field and the rule otherwise."""
-    body = request.get_json(silent=True)
+    body = inputs.json_body()
     if body is None:
         raise bad_request("the request body must be a JSON object", field="body")
     try:
@@ -158,11 +164,7 @@ def list_runs() -> Response:
 
 
 def page_size(raw: str | None) -> int:
-    if raw is None:
-        return 50
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
-        raise bad_request(f"limit: must be an integer from 1 to {MAX_PAGE}", field="limit")
-    return int(raw)
+    return 50 if raw is None else inputs.integer(raw, "limit", 1, MAX_PAGE)
 
 
 def encode_cursor(at: datetime, row_id: str) -> str:
@@ -177,7 +179,10 @@ def decode_cursor(cursor: str | None) -> tuple[datetime, str] | None:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         at, row_id = raw.split("|", 1)
-        return datetime.fromisoformat(at), row_id
+        when = datetime.fromisoformat(at)
+        if when.tzinfo is not None or not CURSOR_ID.fullmatch(row_id):
+            raise ValueError(raw)  # this API writes naive UTC times and plain ids
+        return when, row_id
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
         raise bad_request("cursor: not a cursor this API returned", field="cursor") from exc
 
@@ -194,10 +199,14 @@ def run_events(run_id: str) -> Response:
 
 
 def last_event_id() -> int:
-    raw = request.headers.get("Last-Event-ID") or request.args.get("after") or "0"
-    if not raw.strip().isdigit():
-        raise bad_request("Last-Event-ID: must be an event sequence number", field="Last-Event-ID")
-    return int(raw)
+    """`Last-Event-ID`, else `?after=`, else 0: an event sequence number (400 naming it)."""
+    for field, raw in (
+        ("Last-Event-ID", request.headers.get("Last-Event-ID")),
+        ("after", request.args.get("after")),
+    ):
+        if raw:
+            return inputs.integer(raw, field, 0, MAX_EVENT_SEQ)
+    return 0
 
 
 @bp.get("/runs/<run_id>/tree")

@@ -21,11 +21,13 @@ from web.extensions import runtime
 from web.idempotency import idempotent, remember_run
 from web.preferences import prefers_async
 from web.problems import Problem, not_found
+from web.quota import refuse_when_spent
 from web.runs import owned_run, parse_body, submit
 from web.sse import sse_frames, sse_response, tail
 
 bp = Blueprint("workflows", __name__, url_prefix="/api")
 require_tenant(bp)
+refuse_when_spent(bp, {"workflows.run_workflow"})
 
 
 class WorkflowRequest(BaseModel):

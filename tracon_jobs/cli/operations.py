@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from tracon_jobs.cli.context import CommandError, load_runtime
@@ -63,6 +64,50 @@ def cmd_tenants_create(args: argparse.Namespace, rest: list[str]) -> int:
     tenant_id = runtime.tenants.create_tenant(args.name)
     issued = runtime.tenants.issue_key(tenant_id, label="initial")
     print(f"tenant: {args.name} ({tenant_id})\napi key (shown once): {issued.secret}")
+    return 0
+
+
+def cost_limit(raw: str) -> Decimal | None:
+    """`--cost-limit`: a non-negative amount, or `none` for no quota."""
+    if raw.strip().lower() in ("none", "null"):
+        return None
+    try:
+        value = Decimal(raw)
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"not an amount: {raw!r}") from None
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (got {raw})")
+    return value
+
+
+def cmd_tenants_quota(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant)
+    quotas = runtime.quotas
+    limit_given = "cost_limit" in vars(args)  # absent unless given: `none` is None
+    changes = args.period is not None or limit_given
+    if args.clear and changes:
+        raise CommandError("--clear takes no --period or --cost-limit")
+    if args.clear:
+        cleared = quotas.clear_quota(tenant_id)
+        print(
+            f"tenant '{args.tenant}': " + ("own quota removed" if cleared else "had no own quota")
+        )
+    elif changes:
+        current = quotas.quota_of(tenant_id)
+        limit = args.cost_limit if limit_given else current.limit
+        quotas.set_quota(tenant_id, args.period or current.period, limit)
+    usage = quotas.usage(tenant_id)
+    source = "own" if quotas.has_own(tenant_id) else "default"
+    currency = runtime.settings.pricing.currency
+    limit_text = "none" if usage.quota.limit is None else f"{usage.quota.limit} {currency}"
+    left = usage.left
+    print(
+        f"tenant '{args.tenant}' quota ({source}): {limit_text} per {usage.quota.period}; "
+        f"used {usage.used:.6f} {currency}"
+        + ("" if left is None else f", left {left:.6f} {currency}")
+        + f"; resets at {usage.window.end:%Y-%m-%dT%H:%M:%SZ}"
+    )
     return 0
 
 

@@ -21,9 +21,11 @@ from tracon_jobs.cli.operations import (
     cmd_runs_show,
     cmd_runs_tail,
     cmd_tenants_create,
+    cmd_tenants_quota,
     cmd_workflows_list,
     cmd_workflows_resume,
     cmd_workflows_runs,
+    cost_limit,
     run_status,
 )
 from tracon_jobs.cli.processes import cmd_beat, cmd_flower, cmd_migrate, cmd_web, cmd_worker
@@ -112,7 +114,8 @@ def add_process_commands(command: Command) -> None:
 
 
 def add_tenant_commands(command: Command) -> None:
-    """`tenants create NAME` and `keys create TENANT`."""
+    """`tenants create NAME`, `tenants quota TENANT [--period P] [--cost-limit X] [--clear]`
+    and `keys create TENANT`."""
     tenants = command("tenants", None, "manage tenants")
     tsub = tenants.add_subparsers(metavar="action")
     create = tsub.add_parser(
@@ -122,6 +125,31 @@ def add_tenant_commands(command: Command) -> None:
     )
     create.add_argument("name", help="the new tenant's name")
     create.set_defaults(handler=cmd_tenants_create, passthrough=False)
+    quota = tsub.add_parser(
+        "quota",
+        help="show or set a tenant's cost quota",
+        description="Show a tenant's cost quota and what it spent in the current period; with "
+        "--period or --cost-limit, give it a quota of its own; with --clear, return it to "
+        "Tenants.DefaultQuota.",
+    )
+    quota.add_argument("tenant", help="tenant name or id")
+    quota.add_argument(
+        "--period",
+        choices=["day", "month"],
+        help="the window the spend is counted in (UTC day or calendar month; default: the "
+        "tenant's current period)",
+    )
+    quota.add_argument(
+        "--cost-limit",
+        type=cost_limit,
+        default=argparse.SUPPRESS,
+        metavar="X",
+        help="what the tenant may spend per period, in Pricing.Currency; `none` for no quota",
+    )
+    quota.add_argument(
+        "--clear", action="store_true", help="remove the tenant's own quota (use the default)"
+    )
+    quota.set_defaults(handler=cmd_tenants_quota, passthrough=False)
 
     keys = command("keys", None, "manage API keys")
     ksub = keys.add_subparsers(metavar="action")

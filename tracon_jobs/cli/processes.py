@@ -54,7 +54,8 @@ def cmd_web(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 class WebApplication(BaseApplication):
-    """gunicorn serving `WEB_APP` on gthread workers, with no request timeout."""
+    """gunicorn serving `WEB_APP` on gthread workers (answering gunicorn's own errors as
+    problem+json), with no request timeout."""
 
     def __init__(self, bind: str, workers: int, threads: int) -> None:
         self.options = {"bind": bind, "workers": workers, "threads": threads}
@@ -63,7 +64,7 @@ class WebApplication(BaseApplication):
     def load_config(self) -> None:
         for name, value in self.options.items():
             self.cfg.set(name, value)
-        self.cfg.set("worker_class", "gthread")
+        self.cfg.set("worker_class", "tracon_jobs.cli.web_worker.ProblemThreadWorker")
         self.cfg.set("timeout", 0)  # SSE streams live as long as their runs
         self.cfg.set("graceful_timeout", 30)
         self.cfg.set("accesslog", "-")

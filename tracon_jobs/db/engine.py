@@ -64,12 +64,18 @@ def _postgres_clock(element: StatementClock, compiler: SQLCompiler, **kw: Any) -
     return "(statement_timestamp() AT TIME ZONE 'UTC')"
 
 
+PG_CONNECT_TIMEOUT_SECONDS = 3
+"""A server that does not answer fails a connection attempt quickly (then it is retried, or
+the web answers 503), instead of hanging a thread for the kernel's TCP timeout."""
+
+
 class Database:
     """One database URL; engines and session factories per process, thread-safe."""
 
-    def __init__(self, url: str, *, pool_size: int = 20) -> None:
+    def __init__(self, url: str, *, pool_size: int = 20, outage_retry_seconds: float = 0) -> None:
         self.url = normalize_url(url)
         self.pool_size = pool_size
+        self.outage_retry_seconds = outage_retry_seconds  # see `db.outages`
         self._lock = threading.Lock()
         self._pid = -1
         self._engine: Engine | None = None
@@ -142,7 +148,11 @@ class Database:
     def _create_engine(self) -> Engine:
         if not self.is_sqlite:
             return create_engine(
-                self.url, pool_size=self.pool_size, max_overflow=10, pool_pre_ping=True
+                self.url,
+                pool_size=self.pool_size,
+                max_overflow=10,
+                pool_pre_ping=True,
+                connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_SECONDS},
             )
         _ensure_sqlite_dir(self.url)
         engine = create_engine(

@@ -129,7 +129,7 @@ class RedisQuotaStore:
 
     def used(self, tenant: str, window: Window) -> Decimal | None:
         value = self.client.get(self.key(tenant, window))
-        return None if value is None else from_nanos(int(value))  # type: ignore[arg-type]
+        return None if value is None else from_nanos(int(value))
 
 
 class MemoryQuotaStore:

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from tracon_jobs.db import Database
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Approval, Run
+from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import EnqueueError, RunTakenAway
 from tracon_jobs.resilience.budgets import BudgetStore
 from tracon_jobs.runs.dispatch import RunDispatcher
@@ -92,6 +93,7 @@ class ApprovalStore:
 
     # -- the executor's side -------------------------------------------------------------
 
+    @rides_out_outages
     def wait_for(
         self,
         claim: Claim,
@@ -171,6 +173,7 @@ class ApprovalStore:
         )
         return event
 
+    @rides_out_outages
     def for_call(self, run_id: str, turn: int, call_id: str) -> Approval | None:
         query = select(Approval).where(
             Approval.run_id == run_id, Approval.turn == turn, Approval.call_id == call_id
@@ -178,6 +181,7 @@ class ApprovalStore:
         with self.db.read() as session:
             return session.scalar(query)
 
+    @rides_out_outages
     def approved_in_chain(
         self, run_ids: Sequence[str], tool: str, args_hash: str
     ) -> Approval | None:
@@ -197,6 +201,7 @@ class ApprovalStore:
         with self.db.read() as session:
             return session.scalar(query)
 
+    @rides_out_outages
     def pending_turn(self, run_id: str) -> int | None:
         """The ledger turn the run was waiting in, read back when it resumes."""
         query = select(func.max(Approval.turn)).where(Approval.run_id == run_id)

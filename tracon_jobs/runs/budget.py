@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
+from tracon_jobs.db.outages import retry_outages
 from tracon_jobs.providers.base import Message
 from tracon_jobs.resilience.budgets import (
     BUDGET_EXCEEDED,
@@ -118,7 +119,10 @@ def open_budget(
     quotas: Quotas | None = None,
 ) -> TreeBudget:
     fresh_root = run.id == run.root_run_id and run.continued_from_run_id is None
-    seed = Totals() if fresh_root and run.fence == 1 else seed_totals(db, run.root_run_id)
+    if fresh_root and run.fence == 1:
+        seed = Totals()
+    else:
+        seed = retry_outages(db, lambda: seed_totals(db, run.root_run_id), "seeding a budget")
     try:
         store.open(run.root_run_id, seed)
     except redis.RedisError as exc:

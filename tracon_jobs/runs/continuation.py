@@ -19,6 +19,7 @@ from sqlalchemy import select
 from tracon_jobs.agents.tools import WRITE_LIKE, ToolRegistry
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, ToolCallRecord
+from tracon_jobs.db.outages import retry_outages
 from tracon_jobs.runs.budget import MAX_CHAIN, ChainUnreadable
 from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.ledger import ToolOutcome
@@ -172,8 +173,10 @@ def chain_ledger(db: Database, run: Run) -> ChainLedger:
     ledger = ChainLedger()
     if run.continued_from_run_id is None:
         return ledger
-    ledger.run_ids = _chain(db, run.continued_from_run_id)
-    for row in ledger_rows(db, ledger.run_ids):
+    first = run.continued_from_run_id
+    ledger.run_ids = retry_outages(db, lambda: _chain(db, first), "reading a chain")
+    rows = retry_outages(db, lambda: ledger_rows(db, ledger.run_ids), "reading a chain's ledger")
+    for row in rows:
         key = (row.tool, row.args_hash)
         if row.status == "started":
             ledger.in_flight.setdefault(key, deque()).append(row.idempotency_key)

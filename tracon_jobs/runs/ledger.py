@@ -15,6 +15,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from tracon_jobs.db.models import ToolCallRecord
+from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.runs.lifecycle import Claim
 from tracon_jobs.runs.store import RunStore
 
@@ -59,7 +60,9 @@ class Ledger:
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
+        self.db = store.db  # what `rides_out_outages` retries against
 
+    @rides_out_outages
     def start(
         self,
         claim: Claim,
@@ -96,6 +99,7 @@ class Ledger:
         self.store.publish(event)
         return entry
 
+    @rides_out_outages
     def refuse(
         self,
         claim: Claim,
@@ -135,6 +139,7 @@ class Ledger:
             session.add(row)
         self.store.publish(event)
 
+    @rides_out_outages
     def finish(self, claim: Claim, entry: LedgerEntry, tool: str, outcome: ToolOutcome) -> None:
         type_ = "ToolCallCompleted" if outcome.ok else "ToolCallFailed"
         data: dict[str, Any] = {"tool": tool, "executionId": entry.execution_id}
@@ -167,6 +172,7 @@ class Ledger:
         with self.store.db.read() as session:
             return list(session.scalars(query).all())
 
+    @rides_out_outages
     def next_turn(self, run_id: str) -> int:
         """The first ledger turn number free for a new execution of this run."""
         query = select(func.max(ToolCallRecord.turn)).where(ToolCallRecord.run_id == run_id)
@@ -174,6 +180,7 @@ class Ledger:
             last = session.execute(query).scalar_one_or_none()
         return 0 if last is None else last + 1
 
+    @rides_out_outages
     def completed(
         self,
         run_id: str,

@@ -73,7 +73,7 @@ class Quotas:
             row = session.get(TenantQuotaOverride, tenant_id)
             if row is None:
                 return self.default
-            limit = None if row.cost_limit is None else Decimal(str(row.cost_limit))
+            limit = None if row.cost_limit is None else _plain(Decimal(str(row.cost_limit)))
             period: Period = "month" if row.period == "month" else "day"
             return Quota(period, limit)
 
@@ -188,6 +188,11 @@ def spent_in(db: Database, tenant_id: str, window: Window) -> Decimal:
     with db.read() as session:
         total = session.scalar(query)
     return Decimal(str(total or 0)).quantize(Decimal("0.000000001"))
+
+
+def _plain(value: Decimal) -> Decimal:
+    """`2.50000000` from a NUMERIC column as `2.5`, and `10.00000000` as `10` (not `1E+1`)."""
+    return value.quantize(Decimal(1)) if value == value.to_integral_value() else value.normalize()
 
 
 def quota_message(quota: Quota, window: Window, used: Decimal, currency: str) -> str:

@@ -49,7 +49,13 @@ class Reconciler:
     def scan_once(
         self, now: datetime, still_owner: Callable[[], bool] = lambda: True
     ) -> ReconcileResult:
-        """One pass; stops between runs as soon as this process is no longer the lease owner."""
+        """One pass; stops between runs as soon as this process is no longer the lease owner.
+
+        Nothing at all while `RunReconciliation.Enabled` is off: a tick that still reaches a
+        worker (a beat of another configuration, a hand-sent task) must not close runs that
+        write no heartbeats."""
+        if not self.config.enabled:
+            return ReconcileResult()
         threshold = self.config.orphan_threshold
         silent_since = now - threshold
         result = ReconcileResult()

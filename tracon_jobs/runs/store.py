@@ -40,6 +40,7 @@ from tracon_jobs.coordination.event_feed import EventFeed
 from tracon_jobs.db import Database
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Run, RunEvent
+from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import RunTakenAway
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENT, Claim, ErrorClass, RunError, RunStatus
 
@@ -269,6 +270,7 @@ class RunStore:
 
     # -- the executor's fenced writes --------------------------------------------------
 
+    @rides_out_outages
     def claim_and_load(self, run_id: str, owner: str) -> tuple[Claim, Run] | None:
         """The claim and the claimed row, from the one guarded UPDATE ... RETURNING."""
         params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params()}
@@ -283,6 +285,7 @@ class RunStore:
         self.publish(Event(run_id, run.event_seq, "RunStarted", now, {"owner": owner}))
         return Claim(run_id=run_id, fence=run.fence, owner=owner), run
 
+    @rides_out_outages
     def append(
         self, claim: Claim | None, type_: str, data: dict[str, Any], *, run_id: str | None = None
     ) -> Event:
@@ -292,6 +295,7 @@ class RunStore:
         self.publish(event)
         return event
 
+    @rides_out_outages
     def append_all(self, claim: Claim, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Append several fenced events at once: one seq update, one multi-row insert and
         one wake-up of the followers, however many events."""
@@ -350,6 +354,7 @@ class RunStore:
         _insert_event(session, run_id, seq, type_, at, data)
         return Event(run_id=run_id, seq=seq, type=type_, at=at, data=data)
 
+    @rides_out_outages
     def record_spend(self, claim: Claim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
         """Add a model call's tokens and cost to the run, with its `ModelCallCompleted`."""
         params = {
@@ -372,6 +377,7 @@ class RunStore:
         self.publish(event)
         return event
 
+    @rides_out_outages
     def add_cost(self, claim: Claim, amount: Decimal, data: dict[str, Any]) -> None:
         """Spend a tool reported beyond tokens, with its `UsageReported` event."""
         params = {"p_cost_amount": amount}
@@ -381,6 +387,7 @@ class RunStore:
             )
         self.publish(event)
 
+    @rides_out_outages
     def save_turn(self, claim: Claim, messages: Sequence[dict[str, Any]], turns: int) -> None:
         """Persist the conversation after a finished turn, so the run resumes from SQL."""
         params = {
@@ -394,6 +401,7 @@ class RunStore:
             if changed is None:
                 raise RunTakenAway(f"run {claim.run_id} was taken away")
 
+    @rides_out_outages
     def finish(
         self,
         claim: Claim,
@@ -507,6 +515,7 @@ class RunStore:
             self._close(run_id, RunStatus.QUEUED, None, RunStatus.CANCELED, error=error) is not None
         )
 
+    @rides_out_outages
     def still_owned(self, claim: Claim) -> str | None:
         """Why the claim may no longer start work (`taken_away`, `canceled`), or None: read
         right before a tool body starts, so a paused owner never starts one late."""
@@ -519,6 +528,7 @@ class RunStore:
             return "taken_away"
         return "canceled" if row.cancel_requested_at is not None else None
 
+    @rides_out_outages
     def release(self, claim: Claim, reason: str) -> bool:
         """Give a claimed run back to the queue untouched, for a worker that can run it.
 

@@ -201,10 +201,22 @@ WORKER_PREFETCH_MULTIPLIER: Final = 1
 """One message per thread: a prefetched message of a killed worker is lost until the broker's
 visibility timeout, so prefetch as little as possible."""
 
+# --- Web (tracon-jobs additions) -----------------------------------------------------------
+
+MAX_REQUEST_BYTES: Final = 1024 * 1024
+"""Largest request body the web process reads (chunked bodies included); a larger one gets
+`413`. A mebibyte holds any conversation worth sending in one request and bounds the memory one
+request can take."""
+
 # --- Stores and providers (tracon-jobs additions) ------------------------------------------
 
 DATABASE_URL: Final = "sqlite:///var/tracon.db"
 """SQLite in `var/` so a checkout runs with no service; production sets PostgreSQL."""
+
+DATABASE_OUTAGE_RETRY: Final = timedelta(seconds=30)
+"""How long an executing run's SQL reads and writes retry a database that stopped answering
+(a restart, a failover) before the run gives up; its claim is kept all along."""
+
 
 REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 """The local Redis every development setup (and compose) offers."""

@@ -322,7 +322,6 @@ class TenantsSettings(ConfigModel):
     )
 
 
-
 class RunsSettings(ConfigModel):
     """Liveness of queued runs and limits of one run (tracon-jobs additions)."""
 
@@ -338,10 +337,17 @@ class WorkerSettings(ConfigModel):
     prefetch_multiplier: AtLeastOne = defaults.WORKER_PREFETCH_MULTIPLIER
 
 
+class WebSettings(ConfigModel):
+    """The HTTP front end (tracon-jobs additions)."""
+
+    max_request_bytes: AtLeastOne = defaults.MAX_REQUEST_BYTES
+
+
 class DatabaseSettings(ConfigModel):
     """The SQL database of runs and their records, as a SQLAlchemy URL."""
 
     url: NonEmptyStr = defaults.DATABASE_URL
+    outage_retry: PositiveDuration = defaults.DATABASE_OUTAGE_RETRY
 
 
 class RedisSettings(ConfigModel):
@@ -539,6 +545,7 @@ class Settings(ConfigModel):
     tenants: TenantsSettings = Field(default_factory=TenantsSettings)
     runs: RunsSettings = Field(default_factory=RunsSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     providers: dict[str, ProviderSettings] = Field(

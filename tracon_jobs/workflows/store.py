@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Run, WorkflowNode
+from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import RunTakenAway
 from tracon_jobs.runs.budget import MAX_CHAIN, ChainUnreadable
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
@@ -54,6 +55,7 @@ class WorkflowStore:
 
     # -- reading a chain ---------------------------------------------------------------------
 
+    @rides_out_outages
     def chain(self, run: Run) -> list[str]:
         """The run and the runs it continues, newest first; all of them or `ChainUnreadable`."""
         ids = [run.id]
@@ -68,6 +70,7 @@ class WorkflowStore:
             raise ChainUnreadable(f"the chain of run {run.id} is longer than {MAX_CHAIN} runs")
         return ids
 
+    @rides_out_outages
     def recorded(self, run_ids: Sequence[str]) -> dict[str, Recorded]:
         """Every finished node and answered request of the chain, by node (newest wins)."""
         order = {run_id: position for position, run_id in enumerate(run_ids)}
@@ -92,6 +95,7 @@ class WorkflowStore:
 
     # -- the runner's writes ---------------------------------------------------------------
 
+    @rides_out_outages
     def checkpoint(
         self, claim: Claim, node: str, kind: str, value: Any, data: dict[str, Any]
     ) -> None:
@@ -110,6 +114,7 @@ class WorkflowStore:
             )
         self.runs.publish(event)
 
+    @rides_out_outages
     def ask(self, claim: Claim, node: str, payload: Any) -> None:
         """Record a question for a person and put the run `Waiting`, in one transaction."""
         events: list[Event] = []

@@ -1,0 +1,69 @@
+"""Tenant cost quotas on the web: `GET /api/quota`, and the `429` a run-starting route answers
+while the tenant's quota is spent (before the body is read, the idempotency key reserved or a
+row written)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from decimal import Decimal
+
+from flask import Blueprint, Response, jsonify, request
+
+from tracon_jobs.resilience.quotas import utc_now, window_of
+from web.auth import require_tenant, tenant_id
+from web.extensions import runtime
+from web.problems import Problem
+
+bp = Blueprint("quota", __name__, url_prefix="/api")
+require_tenant(bp)
+
+
+@bp.get("/quota")
+def quota() -> Response:
+    """The tenant's quota and what it spent in the current period."""
+    rt = runtime()
+    usage = rt.quotas.usage(tenant_id())
+    left = usage.left
+    return jsonify(
+        {
+            "period": usage.quota.period,
+            "limit": _amount(usage.quota.limit),
+            "used": _amount(usage.used),
+            "left": _amount(left),
+            "resetsAt": f"{usage.window.end:%Y-%m-%dT%H:%M:%SZ}",
+            "currency": rt.settings.pricing.currency,
+        }
+    )
+
+
+def _amount(value: Decimal | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def refuse_when_spent(blueprint: Blueprint, endpoints: Iterable[str]) -> None:
+    """Register, after the blueprint's authentication, the check that answers `429` with
+    `Retry-After` (seconds to the end of the period) to a new run while the quota is spent."""
+    guarded = frozenset(endpoints)
+
+    @blueprint.before_request
+    def _refuse_new_runs_over_quota() -> None:
+        if request.endpoint not in guarded:
+            return
+        quotas = runtime().quotas
+        tenant = tenant_id()
+        now = utc_now()
+        quota = quotas.quota_of(tenant)
+        if quota.limit is None:
+            return
+        refusal = quotas.refusal(tenant, quota, now)
+        if refusal is None:
+            return
+        retry_after = window_of(quota.period, now).seconds_left(now)
+        raise Problem(
+            429,
+            "Too Many Requests",
+            refusal.message,
+            headers={"Retry-After": str(retry_after)},
+            code=refusal.type,
+            openai_type="insufficient_quota",
+        )
