@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from typing import cast
 
-from sqlalchemy import Table, bindparam, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import ApiKey, Tenant
 
+log = logging.getLogger(__name__)
+
 KEY_PREFIX = "tjk"
+TOUCH_EVERY_SECONDS = 60.0
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
 _KEYS = cast(Table, ApiKey.__table__)
 _KEY_BY_ID = select(_KEYS.c.tenant_id, _KEYS.c.secret_hash, _KEYS.c.revoked_at).where(
@@ -44,6 +49,7 @@ class TenantStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._touched: dict[str, float] = {}  # key id -> when this process last wrote its use
 
     def create_tenant(self, name: str) -> str:
         with self.db.write() as session:
@@ -93,4 +99,48 @@ class TenantStore:
                 row = session.execute(_KEY_BY_ID, {"key_id": key_id}).one_or_none()
         stored = row.secret_hash if row is not None and row.revoked_at is None else _DUMMY_HASH
         matches = hmac.compare_digest(stored, _digest(key))
-        return row.tenant_id if matches and row is not None else None
+        if not matches or row is None:
+            return None
+        self._touch(key_id)
+        return str(row.tenant_id)
+
+    def _touch(self, key_id: str) -> None:
+        """Record the key's use, at most once a minute per process (a write per request
+        would cost every authenticated call a transaction)."""
+        now = time.monotonic()
+        if now - self._touched.get(key_id, -TOUCH_EVERY_SECONDS) < TOUCH_EVERY_SECONDS:
+            return
+        self._touched[key_id] = now
+        try:
+            with self.db.write() as session:
+                session.execute(
+                    update(_KEYS).where(_KEYS.c.id == key_id).values(last_used_at=self.db.now())
+                )
+        except SQLAlchemyError as exc:  # bookkeeping: never fails the request
+            log.warning("last use of key %s not recorded: %s", key_id, exc)
+
+    def keys(self, tenant_id: str | None = None) -> list[ApiKey]:
+        """The keys (of one tenant, or all), oldest first; never their secrets."""
+        query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
+        if tenant_id is not None:
+            query = query.where(ApiKey.tenant_id == tenant_id)
+        with self.db.read() as session:
+            return list(session.scalars(query))
+
+    def revoke(self, key_id: str) -> bool:
+        """Revoke a key at once (every web process checks on each request); False when
+        there is no such key or it was revoked already."""
+        with self.db.write() as session:
+            revoked = session.execute(
+                update(_KEYS)
+                .where(_KEYS.c.id == key_id, _KEYS.c.revoked_at.is_(None))
+                .values(revoked_at=self.db.now())
+                .returning(_KEYS.c.id)
+            ).scalar_one_or_none()
+        return revoked is not None
+
+    def key_active(self, key_id: str, tenant_id: str) -> bool:
+        """Whether a key still exists, is the tenant's, and is not revoked."""
+        with self.db.read() as session:
+            row = session.execute(_KEY_BY_ID, {"key_id": key_id}).one_or_none()
+        return row is not None and row.tenant_id == tenant_id and row.revoked_at is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
@@ -116,6 +117,33 @@ def cmd_keys_create(args: argparse.Namespace, rest: list[str]) -> int:
     tenant_id = _tenant(runtime, args.tenant)
     print(f"api key (shown once): {runtime.tenants.issue_key(tenant_id).secret}")
     return 0
+
+
+KEY_HEADER = f"{'KEY':<18} {'TENANT':<20} {'CREATED':<20} {'LAST USED':<20} REVOKED"
+
+
+def cmd_keys_list(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant) if args.tenant else None
+    print(KEY_HEADER)
+    for key in runtime.tenants.keys(tenant_id):
+        print(
+            f"{key.id:<18} {key.tenant_id[:20]:<20} {_minute(key.created_at):<20} "
+            f"{_minute(key.last_used_at):<20} {_minute(key.revoked_at)}"
+        )
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace, rest: list[str]) -> int:
+    key_id = args.key_id.removeprefix("tjk_").split("_", 1)[0]
+    if not load_runtime().tenants.revoke(key_id):
+        raise CommandError(f"no unrevoked key '{key_id}'")
+    print(f"key {key_id} revoked")
+    return 0
+
+
+def _minute(moment: datetime | None) -> str:
+    return "-" if moment is None else f"{moment:%Y-%m-%d %H:%M}"
 
 
 def run_status(raw: str) -> str:

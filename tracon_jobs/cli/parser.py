@@ -17,6 +17,8 @@ from tracon_jobs.cli.operations import (
     cmd_idempotency_list,
     cmd_idempotency_release,
     cmd_keys_create,
+    cmd_keys_list,
+    cmd_keys_revoke,
     cmd_runs_list,
     cmd_runs_show,
     cmd_runs_tail,
@@ -115,7 +117,7 @@ def add_process_commands(command: Command) -> None:
 
 def add_tenant_commands(command: Command) -> None:
     """`tenants create NAME`, `tenants quota TENANT [--period P] [--cost-limit X] [--clear]`
-    and `keys create TENANT`."""
+    and `keys create TENANT | list [--tenant T] | revoke KEY_ID`."""
     tenants = command("tenants", None, "manage tenants")
     tsub = tenants.add_subparsers(metavar="action")
     create = tsub.add_parser(
@@ -160,6 +162,21 @@ def add_tenant_commands(command: Command) -> None:
     )
     kcreate.add_argument("tenant", help="tenant name or id")
     kcreate.set_defaults(handler=cmd_keys_create, passthrough=False)
+    klist = ksub.add_parser(
+        "list",
+        help="list API keys (never their secrets)",
+        description="List API keys: the public id, tenant, creation, last use (to the minute) "
+        "and revocation.",
+    )
+    klist.add_argument("--tenant", help="only this tenant's keys (name or id)")
+    klist.set_defaults(handler=cmd_keys_list, passthrough=False)
+    krevoke = ksub.add_parser(
+        "revoke",
+        help="revoke an API key at once",
+        description="Revoke an API key: every web node refuses it from its next request.",
+    )
+    krevoke.add_argument("key_id", help="the key's public id (the part after `tjk_`)")
+    krevoke.set_defaults(handler=cmd_keys_revoke, passthrough=False)
 
 
 def add_run_commands(command: Command) -> None:

@@ -30,7 +30,7 @@ def write_problem(sock: socket.socket, status: int, reason: str, message: str) -
     util.write_nonblock(sock, head.encode("latin-1") + body)
 
 
-class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
+class ProblemThreadWorker(ThreadWorker):
     """gunicorn's gthread worker answering its own errors as problem+json."""
 
     def init_process(self) -> None:

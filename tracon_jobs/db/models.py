@@ -52,6 +52,7 @@ class ApiKey(Base):
     label: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]  # to the minute: written at most once a minute
 
 
 class Run(Base):

@@ -16,7 +16,6 @@ import secrets
 from flask import Flask, g, request, session
 from flask.sessions import SecureCookieSessionInterface
 
-from tracon_jobs.db.models import ApiKey
 from web.extensions import runtime
 
 COOKIE_NAME = "tracon_console"
@@ -74,9 +73,7 @@ def signed_in_tenant() -> str | None:
 
 
 def _key_is_valid(key_id: str, tenant_id: str) -> bool:
-    with runtime().tenants.db.read() as db_session:
-        key = db_session.get(ApiKey, key_id)
-    return key is not None and key.tenant_id == tenant_id and key.revoked_at is None
+    return runtime().tenants.key_active(key_id, tenant_id)
 
 
 def current_tenant() -> str:
