@@ -405,12 +405,12 @@ def test_continuation_answers_completed_calls_and_reruns_the_one_in_flight_with_
     ],
 )
 def test_a_continuation_stops_when_the_in_flight_call_is_not_repeated(
-    make_runtime: MakeRuntime, sqlite_url: str, second_turn: dict[str, Any]
+    make_runtime: MakeRuntime, sql_url: str, second_turn: dict[str, Any]
 ) -> None:
     # Given the interrupted run had `slow_step {"seconds": 0}` in flight, outcome unknown
     script: Script = [STEPS[0], second_turn, {"Text": "never"}]
     runtime = make_runtime(
-        sqlite_url,
+        sql_url,
         sender=hold_queued,
         RunReconciliation=RECONCILE,
         RunContinuation={"Enabled": True},
