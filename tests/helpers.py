@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from tracon_jobs.db.models import Run
 from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runs.lifecycle import Claim
 from tracon_jobs.runtime import Runtime
@@ -98,3 +99,21 @@ def claim_run(runtime: Runtime, run_id: str, owner: str) -> Claim | None:
     """Claim a run as a worker would (`Queued` -> `Running`, a new fence), without running it."""
     claimed = runtime.runs.claim_and_load(run_id, owner)
     return None if claimed is None else claimed[0]
+
+
+def run_of(runtime: Runtime, run_id: str) -> Run:
+    """The run, which must exist."""
+    run = runtime.runs.get(run_id)
+    assert run is not None, f"no run {run_id}"
+    return run
+
+
+def event_types(runtime: Runtime, run_id: str) -> list[str]:
+    """The types of a run's events, in order."""
+    return [event.type for event in runtime.runs.events(run_id)]
+
+
+def log_lines(flags: Path, name: str) -> list[str]:
+    """The lines a test tool (or workflow node) wrote to `<flags>/<name>.log`, across processes."""
+    path = flags / f"{name}.log"
+    return path.read_text().splitlines() if path.exists() else []

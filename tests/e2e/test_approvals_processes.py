@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from tests.e2e.cluster import Cluster, wait_until
-from tests.helpers import MakeRuntime, Script, scripted_agent
-from tracon_jobs.db.models import Run
+from tests.helpers import MakeRuntime, Script, run_of, scripted_agent
+from tests.helpers import event_types as events
+from tests.helpers import log_lines as lines
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
@@ -30,21 +31,6 @@ CLOSE_THEN_ANSWER: Script = [
     {"ToolCalls": [{"Name": "close_account", "Arguments": {"account": "acc-1"}}]},
     {"Text": "Done."},
 ]
-
-
-def lines(flags: Path, tool: str) -> list[str]:
-    path = flags / f"{tool}.log"
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def run_of(runtime: Runtime, run_id: str) -> Run:
-    run = runtime.runs.get(run_id)
-    assert run is not None
-    return run
-
-
-def events(runtime: Runtime, run_id: str) -> list[str]:
-    return [e.type for e in runtime.runs.events(run_id)]
 
 
 def tool_results(runtime: Runtime, run_id: str) -> list[Any]:

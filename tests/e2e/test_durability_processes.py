@@ -16,7 +16,9 @@ import redis
 from sqlalchemy import update
 
 from tests.e2e.cluster import Cluster, Process, wait_until
-from tests.helpers import MakeRuntime, Script, scripted_agent
+from tests.helpers import MakeRuntime, Script, run_of, scripted_agent
+from tests.helpers import event_types as events
+from tests.helpers import log_lines as lines
 from tests.stub_provider import StubProvider, hang, reply
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import NewRun
@@ -35,21 +37,6 @@ SCRIPT: Script = [
     {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 60}}]},
     {"Text": "all done"},
 ]
-
-
-def lines(flags: Path, tool: str) -> list[str]:
-    path = flags / f"{tool}.log"
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def run_of(runtime: Runtime, run_id: str) -> Run:
-    run = runtime.runs.get(run_id)
-    assert run is not None
-    return run
-
-
-def events(runtime: Runtime, run_id: str) -> list[str]:
-    return [e.type for e in runtime.runs.events(run_id)]
 
 
 def completed_continuation(runtime: Runtime, run_id: str) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.cluster import Cluster, wait_until
-from tests.helpers import MakeRuntime, scripted_agent
-from tracon_jobs.db.models import Run
+from tests.helpers import MakeRuntime, run_of, scripted_agent
+from tests.helpers import event_types as types
+from tests.helpers import log_lines as lines
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
@@ -24,21 +25,6 @@ FAST_RECONCILE = {
     "OrphanThreshold": "00:00:02",
     "ScanInterval": "00:00:00.500",
 }
-
-
-def lines(flags: Path, node: str) -> list[str]:
-    path = flags / f"{node}.log"
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def run_of(runtime: Runtime, run_id: str) -> Run:
-    run = runtime.runs.get(run_id)
-    assert run is not None
-    return run
-
-
-def types(runtime: Runtime, run_id: str) -> list[str]:
-    return [e.type for e in runtime.runs.events(run_id)]
 
 
 def start_in_node_two(

@@ -12,6 +12,7 @@ import pytest
 
 from tests import tools
 from tests.helpers import MakeRuntime, Script, scripted_agent
+from tests.helpers import event_types as types
 from tracon_jobs.runs.approvals import ApprovalConflict, ApprovalNotFound
 from tracon_jobs.runs.cancel import cancel_tree
 from tracon_jobs.runs.store import NewRun
@@ -28,10 +29,6 @@ def submit(runtime: Runtime, tenant: str = "acme") -> str:
     return runtime.runs.create(
         NewRun(tenant_id=tenant_id, agent="demo", input={"message": "go"})
     ).id
-
-
-def types(runtime: Runtime, run_id: str) -> list[str]:
-    return [event.type for event in runtime.runs.events(run_id)]
 
 
 def closes() -> list[dict[str, object]]:

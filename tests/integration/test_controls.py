@@ -25,7 +25,7 @@ from sqlalchemy import func, select, update
 import beat_schedules
 from beat_schedules.schedule import RECONCILE_TASK, build_schedule
 from tests import tools_extra
-from tests.helpers import MakeRuntime, Script, claim_run, hold_queued, scripted_agent
+from tests.helpers import MakeRuntime, Script, claim_run, event_types, hold_queued, scripted_agent
 from tests.stub_provider import StubProvider, error
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import NewRun
@@ -58,10 +58,6 @@ def fetch(runtime: Runtime, run_id: str) -> Run:
     run = runtime.runs.get(run_id)
     assert run is not None
     return run
-
-
-def event_types(runtime: Runtime, run_id: str) -> list[str]:
-    return [e.type for e in runtime.runs.events(run_id)]
 
 
 def events_of(runtime: Runtime, run_id: str, kind: str) -> list[dict[str, Any]]:

@@ -13,7 +13,15 @@ from flask.testing import FlaskClient
 from sqlalchemy import update
 
 from tests import tools
-from tests.helpers import MakeRuntime, Script, ThreadWorker, claim_run, hold_queued, scripted_agent
+from tests.helpers import (
+    MakeRuntime,
+    Script,
+    ThreadWorker,
+    claim_run,
+    event_types,
+    hold_queued,
+    scripted_agent,
+)
 from tests.stub_provider import StubProvider, hang, reply, tool_call
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db import Database
@@ -42,10 +50,6 @@ def status(runtime: Runtime, run_id: str) -> str:
     run = runtime.runs.get(run_id)
     assert run is not None
     return run.status
-
-
-def event_types(runtime: Runtime, run_id: str) -> list[str]:
-    return [e.type for e in runtime.runs.events(run_id)]
 
 
 def set_heartbeat(runtime: Runtime, run_id: str, ago: timedelta, **values: Any) -> None:

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select, update
 
 from tests import tools
-from tests.helpers import MakeRuntime, Script, claim_run, scripted_agent
+from tests.helpers import MakeRuntime, Script, claim_run, event_types, scripted_agent
 from tests.stub_provider import Reply, StubProvider, StubToolCall, error, reply
 from tracon_jobs import ToolContext, tool
 from tracon_jobs.db.models import Run, ToolCallRecord
@@ -32,10 +32,6 @@ TOOL_THEN_ANSWER = [
 def submit(runtime: Runtime, agent: str = "demo", message: str = "where is A-1?") -> str:
     tenant = runtime.tenants.ensure_tenant("acme")
     return runtime.runs.create(NewRun(tenant_id=tenant, agent=agent, input={"message": message})).id
-
-
-def event_types(runtime: Runtime, run_id: str) -> list[str]:
-    return [event.type for event in runtime.runs.events(run_id)]
 
 
 def test_tool_call_then_answer_records_ledger_tokens_and_cost(

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from flask.testing import FlaskClient
 
 from tests import workflows
-from tests.helpers import MakeRuntime, Script, ThreadWorker, scripted_agent
+from tests.helpers import MakeRuntime, Script, ThreadWorker, run_of, scripted_agent
 from tracon_jobs.cli import main
 from tracon_jobs.db.models import IdempotencyRecord, Run
 from tracon_jobs.resilience.quotas import utc_now, window_of
@@ -77,12 +77,6 @@ def run_workflow(runtime: Runtime, tenant_id: str, name: str, payload: dict[str,
     run_id = runtime.runs.create(new).id
     runtime.executor.execute(run_id)
     return run_of(runtime, run_id)
-
-
-def run_of(runtime: Runtime, run_id: str) -> Run:
-    run = runtime.runs.get(run_id)
-    assert run is not None
-    return run
 
 
 def events(runtime: Runtime, run_id: str, type_: str) -> list[dict[str, Any]]:

@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import update
 
 from tests import workflows
-from tests.helpers import MakeRuntime, scripted_agent
+from tests.helpers import MakeRuntime, run_of, scripted_agent
+from tests.helpers import event_types as types
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import ConfigurationError, RunTakenAway
 from tracon_jobs.runs.budget import seed_totals
@@ -43,16 +44,6 @@ def start(runtime: Runtime, name: str, payload: dict[str, Any], tenant: str = "a
     tenant_id = runtime.tenants.ensure_tenant(tenant)
     new = NewRun(tenant_id=tenant_id, agent=name, kind="workflow", input=payload, session_id="s")
     return runtime.runs.create(new).id
-
-
-def run_of(runtime: Runtime, run_id: str) -> Run:
-    run = runtime.runs.get(run_id)
-    assert run is not None
-    return run
-
-
-def types(runtime: Runtime, run_id: str) -> list[str]:
-    return [event.type for event in runtime.runs.events(run_id)]
 
 
 def test_a_workflow_with_a_question_completes_across_respond(

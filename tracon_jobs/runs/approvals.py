@@ -29,7 +29,7 @@ from tracon_jobs.db import Database
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Approval, Run
 from tracon_jobs.db.outages import rides_out_outages
-from tracon_jobs.errors import EnqueueError, RunTakenAway
+from tracon_jobs.errors import EnqueueError
 from tracon_jobs.resilience.budgets import BudgetStore
 from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
@@ -112,25 +112,8 @@ class ApprovalStore:
             for approval_id, request in zip(ids, requests, strict=True):
                 events.append(self._request(session, claim, tenant, approval_id, request, now))
             events.append(self.runs.append_in(session, claim, "RunWaiting", {"approvals": ids}))
-            changed = session.execute(
-                update(RUNS)
-                .where(
-                    RUNS.c.id == claim.run_id,
-                    RUNS.c.fence == claim.fence,
-                    RUNS.c.status == RunStatus.RUNNING.value,
-                )
-                .values(
-                    status=RunStatus.WAITING.value,
-                    messages=messages,
-                    turns_completed=turns,
-                    owner=None,
-                    heartbeat_at=None,
-                    waiting_since=events[-1].at,
-                )
-                .returning(RUNS.c.id)
-            ).scalar_one_or_none()
-            if changed is None:
-                raise RunTakenAway(f"run {claim.run_id} was taken away")
+            since = events[-1].at
+            self.runs.wait_in(session, claim, since, messages=messages, turns_completed=turns)
         for event in events:
             self.runs.publish(event)
         return ids

@@ -528,6 +528,26 @@ class RunStore:
             return "taken_away"
         return "canceled" if row.cancel_requested_at is not None else None
 
+    def wait_in(self, session: Session, claim: Claim, since: datetime, **saved: Any) -> None:
+        """`Running` -> `Waiting` inside the caller's transaction: the run lets go of its
+        owner and heartbeat, remembers when it started waiting, and saves `saved` (its
+        conversation) for whoever continues it; `RunTakenAway` when it is no longer ours."""
+        changed = session.execute(
+            update(RUNS)
+            .where(RUNS.c.id == claim.run_id, *_OWNED)
+            .values(
+                status=RunStatus.WAITING.value,
+                owner=None,
+                heartbeat_at=None,
+                waiting_since=since,
+                **saved,
+            )
+            .returning(RUNS.c.id),
+            {"p_id": claim.run_id, "p_fence": claim.fence},
+        ).scalar_one_or_none()
+        if changed is None:
+            raise RunTakenAway(f"run {claim.run_id} was taken away")
+
     @rides_out_outages
     def release(self, claim: Claim, reason: str) -> bool:
         """Give a claimed run back to the queue untouched, for a worker that can run it.

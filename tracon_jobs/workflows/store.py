@@ -18,7 +18,6 @@ from sqlalchemy.orm import Session
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Run, WorkflowNode
 from tracon_jobs.db.outages import rides_out_outages
-from tracon_jobs.errors import RunTakenAway
 from tracon_jobs.runs.budget import MAX_CHAIN, ChainUnreadable
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runs.store import Event, NewRun, RunStore
@@ -132,23 +131,7 @@ class WorkflowStore:
                     created_at=events[0].at,
                 )
             )
-            changed = session.execute(
-                update(RUNS)
-                .where(
-                    RUNS.c.id == claim.run_id,
-                    RUNS.c.fence == claim.fence,
-                    RUNS.c.status == RunStatus.RUNNING.value,
-                )
-                .values(
-                    status=RunStatus.WAITING.value,
-                    owner=None,
-                    heartbeat_at=None,
-                    waiting_since=events[-1].at,
-                )
-                .returning(RUNS.c.id)
-            ).scalar_one_or_none()
-            if changed is None:
-                raise RunTakenAway(f"run {claim.run_id} was taken away")
+            self.runs.wait_in(session, claim, events[-1].at)
         for event in events:
             self.runs.publish(event)
 
