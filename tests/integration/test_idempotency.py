@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from flask import Flask, Response, jsonify
 from flask.testing import FlaskClient
 
 from tests.helpers import MakeRuntime, ThreadWorker, hold_queued, scripted_agent
@@ -22,8 +21,6 @@ from tracon_jobs.errors import EnqueueError
 from tracon_jobs.idempotency import IdempotencyStore
 from tracon_jobs.runtime import Runtime
 from web import create_app
-from web.auth import require_tenant
-from web.idempotency import idempotent
 
 PATH = "/api/agents/demo/run"
 BODY = b'{"message": "Where is A-1?"}'
@@ -447,37 +444,5 @@ def test_a_request_without_the_header_streams_and_never_queries_the_store(
     assert statements and not [s for s in statements if "idempotency" in s.lower()]
 
 
-# -- routes that accept a key only with Prefer: respond-async (the workflow routes) ------
-
-
-@pytest.fixture
-def async_only_client(runtime: Runtime) -> FlaskClient:
-    """A stand-in for the workflow routes until they exist: same decorator, same rule."""
-    from flask import Blueprint
-
-    bp = Blueprint("async_only", __name__)
-    require_tenant(bp)
-
-    @bp.post("/api/workflows/<name>/run")
-    @idempotent(require_async=True)
-    def workflow_run(name: str) -> tuple[Response, int, dict[str, str]]:
-        return jsonify({"runId": name, "status": "Queued"}), 202, {"Location": f"/x/{name}"}
-
-    app: Flask = create_app(runtime, {"TESTING": True})
-    app.register_blueprint(bp)
-    return app.test_client()
-
-
-def test_a_key_without_respond_async_on_an_async_only_route_is_400_and_reserves_nothing(
-    async_only_client: FlaskClient, key: str, runtime: Runtime
-) -> None:
-    path = "/api/workflows/flow/run"
-    refused = post(async_only_client, key, body=b"{}", path=path)
-    accepted = post(async_only_client, key, body=b"{}", path=path, Prefer="respond-async")
-    replayed = post(async_only_client, key, body=b"{}", path=path, Prefer="respond-async")
-
-    assert refused.status_code == 400 and "respond-async" in refused.get_json()["detail"]
-    assert accepted.status_code == replayed.status_code == 202
-    assert replayed.headers["Idempotency-Replayed"] == "true"
-    assert replayed.headers["Location"] == "/x/flow"
-    assert len(records(runtime)) == 1
+# The routes that accept a key only with Prefer: respond-async (the workflow routes) are
+# tested on the real routes in test_workflows_http.py.
