@@ -5,6 +5,7 @@ budget gate of function nodes, and what a continuation reads once (the chain).""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from sqlalchemy import update
 
 from tests import workflows
-from tests.helpers import MakeRuntime, run_of, scripted_agent
+from tests.helpers import MakeRuntime, claim_run, run_of, scripted_agent
 from tests.helpers import event_types as types
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import ConfigurationError, RunTakenAway
@@ -259,3 +260,57 @@ def test_an_unknown_workflow_is_left_for_a_worker_that_knows_it(
     run = run_of(runtime, run_id)
     assert run.status == "Queued" and run.owner is None
     assert "RunReleased" in types(runtime, run_id)
+
+
+RECONCILE = {"Enabled": True, "HeartbeatInterval": "00:00:00.200", "OrphanThreshold": "00:00:05"}
+
+
+def _orphan(runtime: Runtime, run_id: str) -> None:
+    """The run was claimed by a worker that then died (its heartbeat is ten minutes old)."""
+    assert claim_run(runtime, run_id, "dead-worker") is not None
+    with runtime.db.write() as session:
+        session.execute(
+            update(Run)
+            .where(Run.id == run_id)
+            .values(heartbeat_at=runtime.db.now() - timedelta(minutes=10))
+        )
+
+
+def test_without_resume_a_queued_run_s_job_gets_async_run_max_attempts(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(
+        make_runtime, sql_url, RunReconciliation=RECONCILE, AsyncRun={"MaxAttempts": 2}
+    )
+    tenant = runtime.tenants.ensure_tenant("acme")
+    new = NewRun(tenant, "three-nodes", {}, kind="workflow", session_id="s", resumable=True)
+    first = runtime.runs.create(new).id
+    _orphan(runtime, first)
+
+    # The job's first attempt was interrupted: it has a second one, a run of the chain
+    second = runtime.reconciler.scan_once(runtime.db.now()).continued[first]
+    assert run_of(runtime, first).error_type == "interrupted"
+    assert run_of(runtime, second).attempt == 2
+
+    # The second attempt is interrupted too: the job's attempts are exhausted
+    _orphan(runtime, second)
+    result = runtime.reconciler.scan_once(runtime.db.now())
+    assert result.continued == {} and result.orphaned == [second]
+    failed = [e.data for e in runtime.runs.events(second) if e.type == "JobFailed"]
+    assert failed == [{"error": "tracon.job.attempts-exhausted", "attempts": 2}]
+
+
+def test_a_run_bound_to_a_connection_is_never_resumed_automatically(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    resume = {"EnableCheckpointing": True, "ResumeInterruptedRuns": True, "MaxResumeAttempts": 5}
+    runtime = runtime_for(make_runtime, sql_url, RunReconciliation=RECONCILE, Workflows=resume)
+    tenant = runtime.tenants.ensure_tenant("acme")
+    bound = runtime.runs.create(
+        NewRun(tenant, "three-nodes", {}, kind="workflow", session_id="s", resumable=False)
+    ).id
+    _orphan(runtime, bound)
+
+    result = runtime.reconciler.scan_once(runtime.db.now())
+
+    assert result.continued == {} and run_of(runtime, bound).error_type == "orphaned"
