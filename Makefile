@@ -15,8 +15,8 @@ $(STAMP): setup.cfg pyproject.toml
 run: $(STAMP)  # make run PORT=8001 FLOWER_PORT=5556, or ARGS="--port 8001"
 	$(BIN)/tracon-jobs dev $(if $(PORT),--port $(PORT)) $(if $(FLOWER_PORT),--flower-port $(FLOWER_PORT)) $(ARGS)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+test: $(STAMP)  # two test processes: most of the real-process tests wait, not compute
+	$(BIN)/python -m pytest -q -n 2
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not e2e"

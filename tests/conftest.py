@@ -36,9 +36,15 @@ from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings
 
-SESSION_DB = 8 + os.getpid() % 8
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+SESSION_DB = 8 + (
+    (os.getppid() + int(_XDIST_WORKER[2:])) % 8
+    if _XDIST_WORKER.startswith("gw")
+    else os.getpid() % 8
+)
 """A Redis database of its own for each test session (8-15), flushed before every test, so
-two sessions on one machine do not flush each other's state."""
+two sessions on one machine do not flush each other's state; the workers of one parallel
+session (pytest-xdist `gw0`, `gw1`, ...) get consecutive ones."""
 LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 THREAD_JOIN_SECONDS = 10.0
 """How long teardown waits for the executor threads a test started before failing it."""

@@ -108,11 +108,12 @@ def test_a_run_killed_mid_tool_is_orphaned_then_continued_without_repeating_effe
     cluster, doomed, runtime, run_id = crash.cluster, crash.owner, crash.runtime, crash.run_id
     assert lines(flags, "record_step")[0].startswith("A ")
 
-    # When it is killed, and another worker is there
+    # When it is killed, and another worker is there (started first: the bound below is the
+    # orphan scan's, not a worker's boot time on a busy machine)
+    cluster.worker("survivor")
     doomed.kill9()
     killed_at = time.monotonic()
     (flags / "fast").touch()
-    cluster.worker("survivor")
 
     # Then the run is closed as orphaned within OrphanThreshold + ScanInterval (+ slack)
     wait_until(lambda: run_of(runtime, run_id).status == "Failed", timeout=15, what="orphaned")
