@@ -261,11 +261,11 @@ def test_the_event_says_when_the_approval_expires(make_runtime: MakeRuntime, sql
 def test_time_spent_waiting_does_not_count_toward_max_duration(
     make_runtime: MakeRuntime, sql_url: str
 ) -> None:
-    # Given a tree allowed 0.4 s of execution, waiting 0.6 s for a person
+    # Given a tree allowed 1.5 s of execution, waiting 2 s for a person
     runtime, run_id, approval_id = waiting(
-        make_runtime, sql_url, AgentGraph={"MaxDuration": "00:00:00.400"}
+        make_runtime, sql_url, AgentGraph={"MaxDuration": "00:00:01.500"}
     )
-    threading.Event().wait(0.6)
+    threading.Event().wait(2.0)
 
     # When the person approves and the run goes on
     runtime.approvals.decide(runtime.tenants.ensure_tenant("acme"), approval_id, True)
@@ -273,7 +273,7 @@ def test_time_spent_waiting_does_not_count_toward_max_duration(
     # Then its next model call is not refused for time it spent waiting
     assert runtime.executor.execute(run_id) == "Completed"
     run = runtime.runs.get(run_id)
-    assert run is not None and run.waited_ms >= 600
+    assert run is not None and run.waited_ms >= 2000
     assert closes() == [{"account": "acc-1"}]
 
 
@@ -282,11 +282,11 @@ def test_without_excluding_the_wait_the_same_tree_would_be_refused(
 ) -> None:
     """The control for the test above: a tree that really executed past MaxDuration stops."""
     script: Script = [
-        {"ToolCalls": [{"Name": "slow_tool", "Arguments": {"seconds": 0.25}}]},
-        {"ToolCalls": [{"Name": "slow_tool", "Arguments": {"seconds": 0.25}}]},
+        {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 0.9}}]},
+        {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 0.9}}]},
         {"Text": "never"},
     ]
-    config = scripted_agent(script, ["slow_tool"])
-    runtime = make_runtime(sql_url, AgentGraph={"MaxDuration": "00:00:00.400"}, **config)
+    config = scripted_agent(script, ["slow_step"])
+    runtime = make_runtime(sql_url, AgentGraph={"MaxDuration": "00:00:01.500"}, **config)
 
     assert runtime.executor.execute(submit(runtime)) == "Failed"
