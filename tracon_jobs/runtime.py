@@ -21,7 +21,7 @@ from redis.retry import Retry
 
 from tracon_jobs.agents.tools import ToolRegistry
 from tracon_jobs.agents.tools import registry as default_tools
-from tracon_jobs.celery_app import CONTROL_QUEUE, create_celery, describe_runs
+from tracon_jobs.celery_app import CONTROL_QUEUE, Describe, create_celery, describe_runs
 from tracon_jobs.coordination.cancellation import RedisCancelBus
 from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
 from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
@@ -106,7 +106,21 @@ class Runtime:
 
     @cached_property
     def _celery_send(self) -> Sender:
-        return celery_sender(self.celery)
+        return celery_sender(self.celery, labels=self._labels_of)
+
+    def _labels_of(self, run_id: str) -> tuple[str, str] | None:
+        """(agent, tenant name) a run's message shows in Flower: from the submission this
+        process is making (no read), else from the row (a re-send, a child, a continuation)."""
+        submitting = self.dispatcher.submitting(run_id)
+        if submitting is not None:
+            agent, tenant_id = submitting
+            return agent, self.tenants.name_of(tenant_id) or tenant_id
+        summary = self._describe(run_id)
+        return None if summary is None else (summary.agent, summary.tenant)
+
+    @cached_property
+    def _describe(self) -> Describe:
+        return describe_runs(self.db)
 
     @cached_property
     def celery(self) -> Celery:
@@ -114,7 +128,7 @@ class Runtime:
         app = create_celery(
             self.settings,
             self.executor.execute,
-            describe=describe_runs(self.db),
+            describe=self._describe,
             draining=self.draining,
         )
         queues = [RUNS_QUEUE, CONTROL_QUEUE]

@@ -50,12 +50,23 @@ class TenantStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._touched: dict[str, float] = {}  # key id -> when this process last wrote its use
+        self._names: dict[str, str] = {}  # tenant id -> name
 
     def create_tenant(self, name: str) -> str:
         with self.db.write() as session:
             tenant = Tenant(id=str(uuid.uuid4()), name=name, created_at=self.db.now())
             session.add(tenant)
         return tenant.id
+
+    def name_of(self, tenant_id: str) -> str | None:
+        """A tenant's name (names never change: cached in the process after the first read)."""
+        name = self._names.get(tenant_id)
+        if name is None:
+            with self.db.read() as session:
+                name = session.scalar(select(Tenant.name).where(Tenant.id == tenant_id))
+            if name is not None:
+                self._names[tenant_id] = name
+        return name
 
     def find_tenant(self, name_or_id: str) -> str | None:
         query = select(Tenant.id).where((Tenant.name == name_or_id) | (Tenant.id == name_or_id))

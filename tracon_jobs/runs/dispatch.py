@@ -90,9 +90,16 @@ class RunDispatcher:
     def __init__(self, store: RunStore, send: Sender) -> None:
         self.store = store
         self.send = send
+        self._submitting: dict[str, tuple[str, str]] = {}  # run id -> (agent, tenant id)
+
+    def submitting(self, run_id: str) -> tuple[str, str] | None:
+        """(agent, tenant id) of a run this process is sending right now: what its message
+        is labelled with, without reading the row back."""
+        return self._submitting.get(run_id)
 
     def submit(self, new: NewRun) -> Run:
         run = self.store.create(new)
+        self._submitting[run.id] = (new.agent, new.tenant_id)
         try:
             self.send(run.id)
         except EnqueueError as exc:
@@ -100,6 +107,8 @@ class RunDispatcher:
             error = RunError("enqueue_failed", ErrorClass.INFRASTRUCTURE, str(exc))
             self.store.fail_unsent(run.id, error)
             raise
+        finally:
+            self._submitting.pop(run.id, None)
         return run
 
     def resend(self, run_id: str) -> bool:
