@@ -72,6 +72,15 @@ class Cluster:
         return "\n".join(f"--- {p.name}\n{p.text()[-4000:]}" for p in self.children.children)
 
 
+FAST_RECONCILE = {
+    "Enabled": True,
+    "HeartbeatInterval": "00:00:00.200",
+    "OrphanThreshold": "00:00:02",
+    "ScanInterval": "00:00:00.500",
+}
+"""Reconciliation settings for crash tests: an orphan is found within about 2.5 s."""
+
+
 def _answers(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1).status_code == 200

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.cluster import FAST_RECONCILE, Cluster, wait_until
 from tests.helpers import MakeRuntime, Script, run_of, scripted_agent
 from tests.helpers import event_types as events
 from tests.helpers import log_lines as lines
@@ -21,12 +21,6 @@ from tracon_jobs.runtime import Runtime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-FAST_RECONCILE = {
-    "Enabled": True,
-    "HeartbeatInterval": "00:00:00.200",
-    "OrphanThreshold": "00:00:02",
-    "ScanInterval": "00:00:00.500",
-}
 CLOSE_THEN_ANSWER: Script = [
     {"ToolCalls": [{"Name": "close_account", "Arguments": {"account": "acc-1"}}]},
     {"Text": "Done."},

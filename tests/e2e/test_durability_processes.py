@@ -15,7 +15,7 @@ import pytest
 import redis
 from sqlalchemy import update
 
-from tests.e2e.cluster import Cluster, Process, wait_until
+from tests.e2e.cluster import FAST_RECONCILE, Cluster, Process, wait_until
 from tests.helpers import MakeRuntime, Script, run_of, scripted_agent
 from tests.helpers import event_types as events
 from tests.helpers import log_lines as lines
@@ -26,12 +26,6 @@ from tracon_jobs.runtime import Runtime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-FAST_RECONCILE = {
-    "Enabled": True,
-    "HeartbeatInterval": "00:00:00.200",
-    "OrphanThreshold": "00:00:02",
-    "ScanInterval": "00:00:00.500",
-}
 SCRIPT: Script = [
     {"ToolCalls": [{"Name": "record_step", "Arguments": {"step": "A"}}]},
     {"ToolCalls": [{"Name": "slow_step", "Arguments": {"seconds": 60}}]},

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.cluster import FAST_RECONCILE, Cluster, wait_until
 from tests.helpers import MakeRuntime, run_of, scripted_agent
 from tests.helpers import event_types as types
 from tests.helpers import log_lines as lines
@@ -18,13 +18,6 @@ from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
-
-FAST_RECONCILE = {
-    "Enabled": True,
-    "HeartbeatInterval": "00:00:00.200",
-    "OrphanThreshold": "00:00:02",
-    "ScanInterval": "00:00:00.500",
-}
 
 
 def start_in_node_two(
