@@ -30,8 +30,8 @@ types: $(STAMP)
 
 all: lint types test
 
-bench: $(STAMP)
-	$(BIN)/python -m bench.b1_throughput
+bench: $(STAMP)  # every benchmark, then a summary; make bench BENCH="b2_inflight b3_coordination"
+	$(BIN)/python -m bench $(BENCH)
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache

@@ -58,6 +58,7 @@ class SlowModel:
         self.connections = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="b2-stub", daemon=True)
 
     def __enter__(self) -> SlowModel:
@@ -88,20 +89,27 @@ class SlowModel:
         )
 
     async def _stop(self) -> None:
+        """Stop listening and hang up on every client, so no connection outlives the loop."""
         if self._server is not None:
             self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        if self._server is not None:
+            await self._server.wait_closed()
 
     async def _reset(self) -> None:
         self.calls = self.max_in_flight = self.connections = 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self._writers.add(writer)
         try:
             while await self._answer_one(reader, writer):
                 pass
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     async def _answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
