@@ -1,4 +1,14 @@
-"""`GET /openapi.json`: the OpenAPI 3.1 description of the HTTP API."""
+"""`GET /openapi.json`: the OpenAPI 3.1 description of the HTTP API.
+
+It is held to two promises (tests/integration/test_fuzz.py runs schemathesis on it): a request
+the description allows is accepted, unless it names something that does not exist or meets a
+state the description cannot know (a cursor this API did not return), and a request it
+forbids is refused with a 4xx. So every limit the API enforces is written here (patterns,
+lengths, enums, ranges, `additionalProperties: false` where unknown fields are a `400`), the
+limits that are settings come from the running settings, and every operation lists every
+answer it can give. Errors are shared `components/responses`: problem+json on `/api`, OpenAI's
+error object on `/v1`, except 414 and 431, which the server writes before any route is known.
+"""
 
 from __future__ import annotations
 
@@ -7,43 +17,207 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 import tracon_jobs
+from tracon_jobs.settings import Settings
+from web.extensions import runtime
 
 bp = Blueprint("openapi", __name__)
 
-PROBLEM = {"$ref": "#/components/responses/Problem"}
-RUN_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
-QUOTA_SPENT = {
-    "description": "the tenant's cost quota is spent (`tenant_quota_exceeded`); nothing was"
-    " written; Retry-After is the seconds to the end of the period",
-    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
-    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+OPENAI = "OpenAI"
+PROBLEM = "Problem"
+TIMESTAMP = {"type": "string", "format": "date-time"}
+MAYBE_TIMESTAMP = {"type": ["string", "null"], "format": "date-time"}
+RUN_STATUSES = ["Queued", "Running", "Waiting", "Completed", "Failed", "Canceled"]
+APPROVAL_STATUSES = ["Pending", "Approved", "Rejected", "Expired", "Canceled"]
+MAX_SESSION_ID = 200
+MAX_PAGE = 200
+MAX_EVENT_SEQ = 2**31 - 1
+MAX_COMMENT = 2000
+
+
+def _ref(kind: str, name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/{kind}/{name}"}
+
+
+def _schema(name: str) -> dict[str, str]:
+    return _ref("schemas", name)
+
+
+def _json(schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": schema}},
+        **extra,
+    }
+
+
+# -- errors ---------------------------------------------------------------------------
+
+ERRORS: dict[int, str] = {
+    400: "a parameter, header or body this operation refuses (`field` names it): a NUL"
+    " character anywhere, a body that is not the JSON the operation takes",
+    401: "no API key, or not a valid one",
+    404: "nothing of that name for this tenant (another tenant's is 404 too), or no such route",
+    405: "a method this path does not take; Allow lists those it does",
+    409: "a conflict with the resource's state (see the operation)",
+    413: "a body larger than Web.MaxRequestBytes",
+    414: "a request line longer than 4094 bytes (the server's own answer, problem+json on"
+    " every route)",
+    422: "this Idempotency-Key was used with another method, path or body",
+    429: "the tenant's cost quota is spent (Retry-After: seconds to the end of the period), or"
+    " its live event streams are at their cap",
+    431: "a header field larger than 8190 bytes, or more than 100 of them (the server's own"
+    " answer, problem+json on every route)",
+    501: "Idempotency-Key sent while Idempotency.Enabled is false",
+    502: "the run failed (a buffered answer)",
+    503: "this node drains, the broker refused the message, or SQL or Redis does not answer;"
+    " retry after Retry-After seconds",
 }
-QUOTA_SCHEMA: dict[str, Any] = {
+SERVER_OWN = {414, 431}
+HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"required": True, "schema": {"const": "Bearer"}}},
+    405: {"Allow": {"required": True, "schema": {"type": "string", "minLength": 1}}},
+    429: {"Retry-After": {"schema": {"type": "integer", "minimum": 0}}},
+    503: {"Retry-After": {"required": True, "schema": {"type": "integer", "minimum": 0}}},
+}
+OPENAI_ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["period", "limit", "used", "left", "resetsAt", "currency"],
+    "description": "OpenAI's error object",
+    "required": ["error"],
     "properties": {
-        "period": {"enum": ["day", "month"]},
-        "limit": {"type": ["number", "null"], "description": "null: no quota"},
-        "used": {"type": "number", "description": "spent in the current period"},
-        "left": {"type": ["number", "null"]},
-        "resetsAt": {"type": "string", "format": "date-time"},
-        "currency": {"type": "string"},
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "RFC 9457 problem details",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer", "minimum": 400, "maximum": 599},
+        "detail": {"type": "string"},
+        "field": {"type": "string", "description": "the offending input (400)"},
+        "code": {"type": "string"},
     },
 }
 
 
-def _op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    common = {"401": PROBLEM, "404": PROBLEM}
-    return {"summary": summary, "responses": {**responses, **common}, **extra}
+def _error_response(shape: str, status: int, max_request_bytes: int) -> dict[str, Any]:
+    description = ERRORS[status]
+    if status == 413:
+        description += f" ({max_request_bytes} bytes here)"
+    if shape == OPENAI:
+        content = {"application/json": {"schema": _schema("OpenAIError")}}
+    else:
+        content = {"application/problem+json": {"schema": _schema("Problem")}}
+    response: dict[str, Any] = {"description": description, "content": content}
+    if status in HEADERS:
+        response["headers"] = HEADERS[status]
+    return response
 
 
-def _json(schema_ref: str, description: str) -> dict[str, Any]:
+def error_responses(max_request_bytes: int) -> dict[str, Any]:
+    """`components/responses`: `Problem400` ... and `OpenAI400` ..., one per status."""
     return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema_ref}"}}},
+        f"{shape}{status}": _error_response(shape, status, max_request_bytes)
+        for shape in (PROBLEM, OPENAI)
+        for status in ERRORS
+        if not (shape == OPENAI and status in SERVER_OWN)
     }
 
 
+def errors(shape: str, *statuses: int) -> dict[str, Any]:
+    """The error answers of an operation: the given ones, and those every operation can give
+    (400, 405, 414, 431)."""
+    every = sorted({400, 405, 414, 431, *statuses})
+    return {
+        str(status): _ref("responses", f"{PROBLEM if status in SERVER_OWN else shape}{status}")
+        for status in every
+    }
+
+
+# -- parameters -----------------------------------------------------------------------
+
+
+def _path(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": schema,
+    }
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "description": description, "schema": schema}
+
+
+RUN_ID = _path("id", {"type": "string", "format": "uuid"}, "a run's id")
+APPROVAL_ID = _path("id", {"type": "string", "format": "uuid"}, "an approval's id")
+NAME = _path("name", {"type": "string", "minLength": 1}, "an agent's or workflow's name")
+PREFER = {
+    "name": "Prefer",
+    "in": "header",
+    "description": "RFC 7240; `respond-async` answers 202 with Location at once (other"
+    " preferences are ignored)",
+    "schema": {"type": "string"},
+}
+LIMIT = _query(
+    "limit",
+    {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 50},
+    "page size",
+)
+CURSOR = _query(
+    "cursor",
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"},
+    "the previous page's nextCursor (any other value is a 400)",
+)
+
+
+def idempotency_key(max_length: int, needs_async: bool = False) -> dict[str, Any]:
+    description = "execute once; a repeat gets the stored 2xx with Idempotency-Replayed: true"
+    if needs_async:
+        description += "; on this route only together with Prefer: respond-async (else 400)"
+    else:
+        description += "; not with `stream: true` (400)"
+    return {
+        "name": "Idempotency-Key",
+        "in": "header",
+        "description": description,
+        "schema": {"type": "string", "minLength": 1, "maxLength": max_length, "pattern": "\\S"},
+    }
+
+
+# -- shapes ---------------------------------------------------------------------------
+
+USAGE = {
+    "type": "object",
+    "required": ["inputTokens", "outputTokens", "totalTokens"],
+    "properties": {
+        key: {"type": "integer", "minimum": 0}
+        for key in ("inputTokens", "outputTokens", "totalTokens")
+    },
+}
+RUN_ERROR = {
+    "type": ["object", "null"],
+    "required": ["type", "class", "message"],
+    "properties": {
+        "type": {"type": "string"},
+        "class": {"type": ["string", "null"]},
+        "message": {"type": ["string", "null"]},
+        "retryAfter": {"type": "number"},
+    },
+}
 RUN_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["id", "agent", "kind", "status", "input", "rootRunId", "depth", "usage", "cost"],
@@ -52,35 +226,75 @@ RUN_SCHEMA: dict[str, Any] = {
         "tenant": {"type": "string"},
         "agent": {"type": "string"},
         "kind": {"enum": ["agent", "workflow"]},
-        "status": {"enum": ["Queued", "Running", "Waiting", "Completed", "Failed", "Canceled"]},
+        "status": {"enum": RUN_STATUSES},
         "input": {"type": "object"},
         "output": {"type": ["object", "null"]},
         "sessionId": {"type": ["string", "null"]},
         "parentRunId": {"type": ["string", "null"]},
         "rootRunId": {"type": "string"},
-        "depth": {"type": "integer"},
+        "depth": {"type": "integer", "minimum": 0},
         "continuedFromRunId": {"type": ["string", "null"]},
         "attempt": {"type": "integer"},
         "modelId": {"type": ["string", "null"]},
-        "usage": {"type": "object"},
-        "cost": {"type": "object"},
-        "error": {"type": ["object", "null"]},
-        "createdAt": {"type": "string"},
-        "startedAt": {"type": ["string", "null"]},
-        "endedAt": {"type": ["string", "null"]},
-        "heartbeatAt": {"type": ["string", "null"]},
-        "cancelRequestedAt": {"type": ["string", "null"]},
+        "usage": USAGE,
+        "cost": {
+            "type": "object",
+            "required": ["amount", "currency"],
+            "properties": {
+                "amount": {"type": "number"},
+                "currency": {"type": ["string", "null"]},
+                "source": {"type": ["string", "null"]},
+            },
+        },
+        "error": RUN_ERROR,
         "attempts": {"type": "array", "items": {"type": "object"}},
+        "createdAt": TIMESTAMP,
+        "startedAt": MAYBE_TIMESTAMP,
+        "endedAt": MAYBE_TIMESTAMP,
+        "heartbeatAt": MAYBE_TIMESTAMP,
+        "cancelRequestedAt": MAYBE_TIMESTAMP,
         "pendingApprovals": {
             "type": "array",
             "items": {"type": "string"},
             "description": "ids of the approvals a Waiting run waits for (else empty)",
         },
+        "messages": {
+            "type": "array",
+            "items": {"type": "object"},
+            "description": "with ?include=messages: the conversation saved after its last turn",
+        },
     },
 }
-
-APPROVAL_STATUSES = ["Pending", "Approved", "Rejected", "Expired", "Canceled"]
-APPROVAL_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+TREE_NODE = {
+    "type": "object",
+    "required": ["id", "agent", "kind", "status", "depth"],
+    "properties": {
+        key: RUN_SCHEMA["properties"][key]
+        for key in (
+            "id",
+            "agent",
+            "kind",
+            "status",
+            "parentRunId",
+            "depth",
+            "continuedFromRunId",
+            "modelId",
+            "usage",
+            "cost",
+            "error",
+        )
+    },
+}
+EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["seq", "type", "at", "data"],
+    "properties": {
+        "seq": {"type": "integer", "minimum": 1},
+        "type": {"type": "string"},
+        "at": TIMESTAMP,
+        "data": {"type": "object"},
+    },
+}
 APPROVAL_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["id", "runId", "tool", "status", "requestedAt", "expiresAt"],
@@ -88,139 +302,16 @@ APPROVAL_SCHEMA: dict[str, Any] = {
         "id": {"type": "string"},
         "runId": {"type": "string"},
         "tool": {"type": "string"},
-        "callId": {"type": "string"},
-        "arguments": {"type": "object"},
-        "executionId": {"type": "string"},
+        "callId": {"type": ["string", "null"]},
+        "arguments": {"type": ["object", "null"]},
+        "executionId": {"type": ["string", "null"]},
         "status": {"enum": APPROVAL_STATUSES},
-        "requestedAt": {"type": "string"},
-        "expiresAt": {"type": "string"},
-        "decidedAt": {"type": ["string", "null"]},
+        "requestedAt": TIMESTAMP,
+        "expiresAt": TIMESTAMP,
+        "decidedAt": MAYBE_TIMESTAMP,
         "decidedBy": {"type": ["string", "null"]},
         "comment": {"type": ["string", "null"]},
-        "consumedAt": {"type": ["string", "null"]},
-    },
-}
-DECISION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["approve"],
-    "additionalProperties": False,
-    "properties": {
-        "approve": {"type": "boolean"},
-        "comment": {"type": "string", "maxLength": 2000},
-    },
-}
-WAITING_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "a /v1 answer for a run that waits for a person (202, Location)",
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"const": "tracon.run"},
-        "status": {"const": "waiting"},
-        "pendingApprovals": {"type": "array", "items": {"type": "string"}},
-        "location": {"type": "string"},
-    },
-}
-
-
-IDEMPOTENCY_KEY = {
-    "name": "Idempotency-Key",
-    "in": "header",
-    "description": "execute once; a repeat gets the stored 2xx with Idempotency-Replayed: true",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-}
-IDEMPOTENCY_RESPONSES: dict[str, Any] = {
-    "409": {
-        "description": "the same Idempotency-Key is still in progress, or the run was canceled"
-    },
-    "422": {"description": "the Idempotency-Key was used with another method, path or body"},
-    "501": {"description": "Idempotency-Key sent while Tracon:Idempotency is disabled"},
-}
-OPENAI_ERROR = {"description": 'OpenAI error shape: {"error": {"message", "type", "code"}}'}
-RUN_ID_HEADER = {
-    "X-Tracon-Run-Id": {
-        "description": "the run this request made (GET /api/runs/{id})",
-        "schema": {"type": "string"},
-    }
-}
-LIMIT = {
-    "name": "limit",
-    "in": "query",
-    "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
-}
-
-TEXT_PART: dict[str, Any] = {
-    "type": "object",
-    "required": ["type", "text"],
-    "properties": {
-        "type": {"enum": ["text", "input_text", "output_text"]},
-        "text": {"type": "string"},
-    },
-}
-TEXT_CONTENT: dict[str, Any] = {
-    "oneOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": TEXT_PART}]
-}
-CHAT_REQUEST: dict[str, Any] = {
-    "type": "object",
-    "description": "other OpenAI fields are accepted and ignored",
-    "required": ["model", "messages"],
-    "properties": {
-        "model": {"type": "string", "minLength": 1, "description": "an agent's name"},
-        "messages": {
-            "type": "array",
-            "minItems": 1,
-            "description": "the conversation; at least one user message",
-            "items": {
-                "type": "object",
-                "required": ["role"],
-                "properties": {
-                    "role": {"enum": ["system", "developer", "user", "assistant"]},
-                    "content": TEXT_CONTENT,
-                },
-            },
-        },
-        "stream": {"type": "boolean", "default": False},
-        "stream_options": {
-            "type": ["object", "null"],
-            "properties": {"include_usage": {"type": "boolean"}},
-        },
-    },
-}
-RESPONSES_REQUEST: dict[str, Any] = {
-    "type": "object",
-    "description": "other OpenAI fields are accepted and ignored",
-    "required": ["model", "input"],
-    "properties": {
-        "model": {"type": "string", "minLength": 1, "description": "an agent's name"},
-        "input": {
-            "oneOf": [
-                {"type": "string"},
-                {
-                    "type": "array",
-                    "description": "message items; at least one from the user",
-                    "items": {
-                        "type": "object",
-                        "required": ["role"],
-                        "properties": {
-                            "type": {"const": "message"},
-                            "role": {"enum": ["system", "developer", "user", "assistant"]},
-                            "content": TEXT_CONTENT,
-                        },
-                    },
-                },
-            ]
-        },
-        "instructions": {"type": ["string", "null"]},
-        "stream": {"type": "boolean", "default": False},
-    },
-}
-MODEL_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["id", "object", "created", "owned_by"],
-    "properties": {
-        "id": {"type": "string", "description": "an agent's name"},
-        "object": {"const": "model"},
-        "created": {"type": "integer"},
-        "owned_by": {"const": "tracon"},
+        "consumedAt": MAYBE_TIMESTAMP,
     },
 }
 TOOL_CALL_SCHEMA: dict[str, Any] = {
@@ -233,7 +324,7 @@ TOOL_CALL_SCHEMA: dict[str, Any] = {
         "tool": {"type": "string"},
         "arguments": {"type": "object"},
         "executionId": {"type": "string"},
-        "idempotencyKey": {"type": "string"},
+        "idempotencyKey": {"type": ["string", "null"]},
         "status": {"enum": ["started", "succeeded", "failed"]},
         "result": {"description": "what the tool returned (null unless succeeded)"},
         "error": {
@@ -244,8 +335,8 @@ TOOL_CALL_SCHEMA: dict[str, Any] = {
             },
         },
         "attempts": {"type": "integer"},
-        "startedAt": {"type": "string"},
-        "endedAt": {"type": ["string", "null"]},
+        "startedAt": MAYBE_TIMESTAMP,
+        "endedAt": MAYBE_TIMESTAMP,
         "durationMs": {"type": ["integer", "null"]},
     },
 }
@@ -279,10 +370,12 @@ AGENT_SCHEMA: dict[str, Any] = {
                 "properties": {
                     "name": {"type": "string"},
                     "description": {"type": ["string", "null"]},
-                    "sideEffect": {"enum": ["none", "read", "write", "destructive", "external"]},
+                    "sideEffect": {
+                        "enum": ["none", "read", "write", "destructive", "external", None]
+                    },
                     "idempotent": {"type": "boolean"},
                     "requiresApproval": {
-                        "type": "boolean",
+                        "type": ["boolean", "null"],
                         "description": "registered requires_approval, or in requireApproval",
                     },
                 },
@@ -290,423 +383,676 @@ AGENT_SCHEMA: dict[str, Any] = {
         },
         "subAgents": {"type": "array", "items": {"type": "string"}},
         "requireApproval": {"type": "array", "items": {"type": "string"}},
-        "parameters": {"type": "object"},
+        "parameters": {"type": ["object", "null"]},
     },
 }
-
-
-def _items(schema_ref: str, description: str) -> dict[str, Any]:
-    items = {"type": "array", "items": {"$ref": f"#/components/schemas/{schema_ref}"}}
-    schema = {"type": "object", "required": ["items"], "properties": {"items": items}}
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _openai_op(summary: str, request_schema: str) -> dict[str, Any]:
-    responses = {
-        "200": {
-            "description": "the OpenAI object, or text/event-stream with stream: true",
-            "headers": RUN_ID_HEADER,
-        },
-        "202": {
-            "description": (
-                "the run is still going (Runs.BufferedWaitTimeout), or it waits for a person:"
-                " then a tracon.run object, Location and X-Tracon-Run-Id"
-            ),
-            "headers": RUN_ID_HEADER,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/WaitingRun"}}
-            },
-        },
-        **{status: OPENAI_ERROR for status in ("400", "401", "404", "429", "502", "503")},
-        **IDEMPOTENCY_RESPONSES,
-    }
-    schema = {"$ref": f"#/components/schemas/{request_schema}"}
-    body = {"required": True, "content": {"application/json": {"schema": schema}}}
-    return {
-        "summary": summary,
-        "parameters": [IDEMPOTENCY_KEY],
-        "requestBody": body,
-        "responses": responses,
-    }
-
-
-OPENAI_PATHS: dict[str, Any] = {
-    "/v1/chat/completions": {
-        "post": _openai_op("OpenAI-compatible chat completions", "ChatCompletionRequest")
-    },
-    "/v1/responses": {"post": _openai_op("OpenAI-compatible responses", "ResponsesRequest")},
-    "/v1/models": {
-        "get": {
-            "summary": "The agents, in OpenAI's model-list shape",
-            "responses": {
-                "200": {
-                    "description": 'the agents: {"object": "list", "data": [models]}',
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "properties": {
-                                    "object": {"const": "list"},
-                                    "data": {
-                                        "type": "array",
-                                        "items": {"$ref": "#/components/schemas/Model"},
-                                    },
-                                },
-                            }
-                        }
-                    },
-                },
-                "401": OPENAI_ERROR,
-            },
-        }
-    },
-    "/v1/models/{model}": {
-        "get": {
-            "summary": "One agent as an OpenAI model",
-            "parameters": [
-                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
-            ],
-            "responses": {
-                "200": {
-                    "description": "the model",
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Model"}}
-                    },
-                },
-                "401": OPENAI_ERROR,
-                "404": OPENAI_ERROR,
-            },
-        }
-    },
-}
-
-
-APPROVAL_PATHS: dict[str, Any] = {
-    "/api/approvals": {
-        "get": _op(
-            "List the tenant's approvals, newest first",
-            {"200": {"description": "a page of approvals with nextCursor"}, "400": PROBLEM},
-            parameters=[
-                {"name": "status", "in": "query", "schema": {"enum": APPROVAL_STATUSES}},
-                {"name": "runId", "in": "query", "schema": {"type": "string"}},
-                LIMIT,
-                {"name": "cursor", "in": "query", "schema": {"type": "string"}},
-            ],
-        )
-    },
-    "/api/approvals/{id}": {
-        "get": _op(
-            "An approval", {"200": _json("Approval", "the approval")}, parameters=[APPROVAL_ID]
-        )
-    },
-    "/api/approvals/{id}/decision": {
-        "post": _op(
-            "Approve or reject a pending approval (once; accepted while the node drains)",
-            {
-                "200": _json("Approval", "the decided approval"),
-                "400": PROBLEM,
-                "409": PROBLEM,
-                "422": IDEMPOTENCY_RESPONSES["422"],
-                "501": IDEMPOTENCY_RESPONSES["501"],
-            },
-            parameters=[APPROVAL_ID, IDEMPOTENCY_KEY],
-            requestBody={
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/Decision"}}
-                },
-            },
-        )
-    },
-}
-
-
-PREFER = {
-    "name": "Prefer",
-    "in": "header",
-    "schema": {"type": "string"},
-    "description": "respond-async: answer 202 with Location instead of the event stream",
-}
-WORKFLOW_STARTED = {
-    "200": {"description": "text/event-stream of the new run's events"},
-    "202": {"description": "queued (Prefer: respond-async); Location names the new run"},
-    "400": PROBLEM,
-    "409": PROBLEM,
-    "422": {"description": "Idempotency-Key reused with another method, path or body"},
-    "503": PROBLEM,
-}
-WORKFLOW_REQUEST_SCHEMA: dict[str, Any] = {
+QUOTA_SCHEMA: dict[str, Any] = {
     "type": "object",
+    "required": ["period", "limit", "used", "left", "resetsAt", "currency"],
+    "properties": {
+        "period": {"enum": ["day", "month"]},
+        "limit": {"type": ["number", "null"], "description": "null: no quota"},
+        "used": {"type": "number", "description": "spent in the current period"},
+        "left": {"type": ["number", "null"]},
+        "resetsAt": TIMESTAMP,
+        "currency": {"type": "string"},
+    },
+}
+STATISTICS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["total", "byStatus", "usage", "cost", "byModel"],
+    "properties": {
+        "total": {"type": "integer", "minimum": 0},
+        "byStatus": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "usage": USAGE,
+        "cost": {"type": "object", "required": ["amount"]},
+        "byModel": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["model", "runs", "usage", "cost"],
+                "properties": {"model": {"type": ["string", "null"]}, "usage": USAGE},
+            },
+        },
+    },
+}
+CIRCUITS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["enabled", "items"],
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["provider", "state", "consecutiveFailures", "retryAfter", "slots"],
+                "properties": {
+                    "provider": {"type": "string"},
+                    "state": {"enum": ["closed", "open", "half_open"]},
+                    "consecutiveFailures": {"type": "integer"},
+                    "retryAfter": {"type": ["number", "null"]},
+                    "probesInFlight": {"type": "integer"},
+                    "slots": {"type": "object"},
+                },
+            },
+        },
+    },
+}
+ACCEPTED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["runId", "status"],
+    "properties": {"runId": {"type": "string"}, "status": {"enum": RUN_STATUSES}},
+}
+WAITING_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "a /v1 answer for a run that waits for a person (202, Location)",
+    "required": ["id", "object", "status", "pendingApprovals", "location"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "tracon.run"},
+        "status": {"const": "waiting"},
+        "pendingApprovals": {"type": "array", "items": {"type": "string"}},
+        "location": {"type": "string"},
+    },
+}
+MODEL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {
+        "id": {"type": "string", "description": "an agent's name"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"const": "tracon"},
+    },
+}
+OPENAI_OBJECT: dict[str, Any] = {
+    "type": "object",
+    "description": "OpenAI's `chat.completion` or `response` object",
+    "required": ["id", "object", "model"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"enum": ["chat.completion", "response"]},
+        "model": {"type": "string"},
+    },
+}
+
+
+def _items(schema: dict[str, Any], description: str, **more: Any) -> dict[str, Any]:
+    properties = {"items": {"type": "array", "items": schema}, **more}
+    body = {"type": "object", "required": list(properties), "properties": properties}
+    return _json(body, description)
+
+
+# -- request bodies -------------------------------------------------------------------
+
+NO_NUL = "strings hold no NUL character or lone surrogate, at any depth (else 400)"
+RUN_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "description": NO_NUL,
+    "required": ["message"],
+    "additionalProperties": False,
+    "properties": {
+        "message": {"type": "string", "minLength": 1},
+        "sessionId": {"type": ["string", "null"], "maxLength": MAX_SESSION_ID},
+        "parameters": {"type": ["object", "null"], "description": "the agent's parameters"},
+    },
+}
+DECISION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["approve"],
+    "additionalProperties": False,
+    "properties": {
+        "approve": {"type": "boolean"},
+        "comment": {"type": ["string", "null"], "maxLength": MAX_COMMENT},
+    },
+}
+WORKFLOW_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "description": NO_NUL,
     "additionalProperties": False,
     "properties": {
         "input": {"type": "object", "description": "the workflow function's input"},
-        "sessionId": {"type": "string", "maxLength": 200},
+        "sessionId": {"type": ["string", "null"], "maxLength": MAX_SESSION_ID},
     },
 }
-WORKFLOW_PATHS: dict[str, Any] = {
-    "/api/workflows": {
-        "get": _op(
-            "The registered workflows", {"200": {"description": "{items: [{name, description}]}"}}
-        )
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": NO_NUL,
+    "required": ["answer"],
+    "additionalProperties": False,
+    "properties": {"answer": {"description": "any JSON value"}},
+}
+TEXT_PART: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {
+        "type": {"enum": ["text", "input_text", "output_text"]},
+        "text": {"type": "string"},
     },
-    "/api/workflows/{name}/run": {
-        "post": _op(
-            "Start a workflow run (SSE by default; Prefer: respond-async for 202, which a job"
-            " owns and, with Workflows.ResumeInterruptedRuns, resumes after a crash)",
-            {**WORKFLOW_STARTED, "429": QUOTA_SPENT},
-            parameters=[
-                {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
-                PREFER,
-                IDEMPOTENCY_KEY,
-            ],
-            requestBody={
-                "content": {"application/json": {"schema": WORKFLOW_REQUEST_SCHEMA}},
+}
+TEXT_CONTENT: dict[str, Any] = {"type": ["string", "null", "array"], "items": TEXT_PART}
+ROLES = ["system", "developer", "user", "assistant"]
+USER_MESSAGE = {"type": "object", "required": ["role"], "properties": {"role": {"const": "user"}}}
+CHAT_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "description": "other OpenAI fields are accepted and ignored; " + NO_NUL,
+    "required": ["model", "messages"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1, "description": "an agent's name"},
+        "messages": {
+            "type": "array",
+            "description": "the conversation; at least one user message",
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {"role": {"enum": ROLES}, "content": TEXT_CONTENT},
             },
-        )
+            "contains": USER_MESSAGE,
+        },
+        "stream": {"type": "boolean", "default": False},
+        "stream_options": {
+            "type": ["object", "null"],
+            "properties": {"include_usage": {"type": "boolean"}},
+        },
     },
-    "/api/workflows/runs/{id}/respond": {
-        "post": _op(
-            "Answer the question a Waiting workflow run asked; a new run continues the chain"
-            " (409 when it waits for nothing)",
-            WORKFLOW_STARTED,
-            parameters=[RUN_ID, PREFER, IDEMPOTENCY_KEY],
-            requestBody={
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["answer"],
-                            "additionalProperties": False,
-                            "properties": {"answer": {"description": "any JSON value"}},
-                        }
-                    }
+}
+RESPONSES_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "description": "other OpenAI fields are accepted and ignored; " + NO_NUL,
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1, "description": "an agent's name"},
+        "input": {
+            "type": ["string", "array"],
+            "description": "the user's text, or message items with at least one from the user",
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "type": {"const": "message"},
+                    "role": {"enum": ROLES},
+                    "content": TEXT_CONTENT,
                 },
             },
-        )
-    },
-    "/api/workflows/runs/{id}/resume": {
-        "post": _op(
-            "Resume a Failed workflow run from its latest checkpoint (409 for a live, waiting,"
-            " completed or already resumed run)",
-            WORKFLOW_STARTED,
-            parameters=[RUN_ID, PREFER, IDEMPOTENCY_KEY],
-        )
+            "contains": USER_MESSAGE,
+        },
+        "instructions": {"type": ["string", "null"]},
+        "stream": {"type": "boolean", "default": False},
     },
 }
 
 
-def document() -> dict[str, Any]:
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+# -- operations -----------------------------------------------------------------------
+
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "one server-sent event: `id: <seq>`, `event: <type>`, `data: <event JSON>`",
+    "required": ["id", "event", "data"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "event": {"type": "string", "pattern": "^[A-Z][A-Za-z]+$"},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+}
+OPENAI_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "one server-sent event: `data:` a chunk (chat completions) or a typed"
+    " `response.*` event (responses) as JSON, and last `data: [DONE]`",
+    "required": ["data"],
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+}
+SSE = {"text/event-stream": {"schema": SSE_EVENT}}
+OPENAI_SSE = {"text/event-stream": {"schema": OPENAI_SSE_EVENT}}
+RUN_OR_PROBLEM = {
+    "application/json": {"schema": _schema("Run")},
+    "application/problem+json": {"schema": _schema("Problem")},
+}
+
+
+def _op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"summary": summary, "responses": responses, **extra}
+
+
+def _api(*statuses: int) -> dict[str, Any]:
+    """The error answers of an authenticated `/api` operation."""
+    return errors(PROBLEM, 401, 503, *statuses)
+
+
+def run_paths(key: dict[str, Any]) -> dict[str, Any]:
+    run_started = {
+        "200": {
+            "description": "the run's events until its terminal event; with Idempotency-Key,"
+            " the run JSON once it completed",
+            "content": {**SSE, "application/json": {"schema": _schema("Run")}},
+        },
+        "202": _json(
+            {"anyOf": [_schema("Accepted"), _schema("Run")]},
+            "queued (Prefer: respond-async; Location names the run), or with Idempotency-Key"
+            " the run JSON of a run still going or waiting for a person",
+        ),
+        **_api(404, 413, 422, 429, 501),
+        "409": {
+            "description": "the same Idempotency-Key is in progress, or (buffered) the run was"
+            " canceled",
+            "content": RUN_OR_PROBLEM,
+        },
+        "429": {**_error_response(PROBLEM, 429, 0), "content": RUN_OR_PROBLEM},
+        "502": _json(_schema("Run"), "(buffered) the run failed"),
+        "503": {**_error_response(PROBLEM, 503, 0), "content": RUN_OR_PROBLEM},
+    }
+    return {
+        "/api/agents/{name}/run": {
+            "post": _op(
+                "Submit an agent run (SSE by default; Prefer: respond-async for 202)",
+                run_started,
+                parameters=[NAME, PREFER, key],
+                requestBody=_body(_schema("RunRequest")),
+            )
+        },
+        "/api/runs": {
+            "get": _op(
+                "List runs, newest first",
+                {
+                    "200": _items(
+                        _schema("Run"), "a page of runs", nextCursor={"type": ["string", "null"]}
+                    ),
+                    **_api(),
+                },
+                parameters=[
+                    _query("status", {"enum": RUN_STATUSES}, "only runs in this status"),
+                    _query("agent", {"type": "string"}, "only this agent's runs"),
+                    _query(
+                        "sessionId",
+                        {"type": "string", "maxLength": MAX_SESSION_ID},
+                        "only this session's runs",
+                    ),
+                    CURSOR,
+                    LIMIT,
+                ],
+            )
+        },
+        "/api/runs/{id}": {
+            "get": _op(
+                "A run; ?include=messages adds its saved conversation",
+                {"200": _json(_schema("Run"), "the run"), **_api(404)},
+                parameters=[
+                    RUN_ID,
+                    _query(
+                        "include",
+                        {
+                            "type": "string",
+                            "pattern": "^(\\s*(messages)?\\s*)(,\\s*(messages)?\\s*)*$",
+                        },
+                        "messages: add the conversation as `messages` (comma-separated)",
+                    ),
+                ],
+            )
+        },
+        "/api/runs/{id}/events": {
+            "get": _op(
+                "The run's events in order; Accept: text/event-stream follows live",
+                {
+                    "200": {
+                        "description": "the events after Last-Event-ID (or ?after)",
+                        "content": {
+                            "application/json": {
+                                "schema": _items(_schema("Event"), "")["content"][
+                                    "application/json"
+                                ]["schema"]
+                            },
+                            **SSE,
+                        },
+                    },
+                    **_api(404, 429),
+                },
+                parameters=[
+                    RUN_ID,
+                    _query(
+                        "after",
+                        {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_SEQ},
+                        "start after this sequence number (Last-Event-ID wins)",
+                    ),
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "description": "start after this sequence number",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_SEQ},
+                    },
+                ],
+            )
+        },
+        "/api/runs/{id}/tool-calls": {
+            "get": _op(
+                "The run's tool-call ledger, in the order the calls were recorded",
+                {"200": _items(_schema("ToolCall"), "the ledger rows"), **_api(404)},
+                parameters=[RUN_ID],
+            )
+        },
+        "/api/runs/{id}/tree": {
+            "get": _op(
+                "The run tree rooted at the run's root",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["rootRunId", "runs"],
+                            "properties": {
+                                "rootRunId": {"type": "string"},
+                                "runs": {"type": "array", "items": TREE_NODE},
+                            },
+                        },
+                        "the root's id and every run of the tree",
+                    ),
+                    **_api(404),
+                },
+                parameters=[RUN_ID],
+            )
+        },
+        "/api/runs/{id}/cancel": {
+            "post": _op(
+                "Cancel a run and its descendants, wherever they execute (409: already ended)",
+                {
+                    "202": _json(
+                        {
+                            "type": "object",
+                            "required": ["runId", "status", "runs"],
+                            "properties": {
+                                "runId": {"type": "string"},
+                                "status": {"const": "CancelRequested"},
+                                "runs": {"type": "array", "items": {"type": "string"}},
+                            },
+                        },
+                        "the request is persisted and announced; `runs` it reached",
+                    ),
+                    **_api(404, 409),
+                },
+                parameters=[RUN_ID],
+            )
+        },
+    }
+
+
+def approval_paths(key: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "/api/approvals": {
+            "get": _op(
+                "List the tenant's approvals, newest first",
+                {
+                    "200": _items(
+                        _schema("Approval"),
+                        "a page of approvals",
+                        nextCursor={"type": ["string", "null"]},
+                    ),
+                    **_api(),
+                },
+                parameters=[
+                    _query("status", {"enum": APPROVAL_STATUSES}, "only approvals in this status"),
+                    _query("runId", {"type": "string"}, "only this run's approvals"),
+                    LIMIT,
+                    CURSOR,
+                ],
+            )
+        },
+        "/api/approvals/{id}": {
+            "get": _op(
+                "An approval",
+                {"200": _json(_schema("Approval"), "the approval"), **_api(404)},
+                parameters=[APPROVAL_ID],
+            )
+        },
+        "/api/approvals/{id}/decision": {
+            "post": _op(
+                "Approve or reject a pending approval, once (409: already decided, expired or"
+                " its run canceled; accepted while the node drains)",
+                {
+                    "200": _json(_schema("Approval"), "the decided approval"),
+                    **_api(404, 409, 413, 422, 501),
+                },
+                parameters=[APPROVAL_ID, key],
+                requestBody=_body(_schema("Decision")),
+            )
+        },
+    }
+
+
+def workflow_paths(key: dict[str, Any]) -> dict[str, Any]:
+    started = {
+        "200": {"description": "the new run's events until its terminal event", "content": SSE},
+        "202": _json(_schema("Accepted"), "queued (Prefer: respond-async); Location names it"),
+        **_api(404, 409, 413, 422, 501),
+    }
+    return {
+        "/api/workflows": {
+            "get": _op(
+                "The registered workflows",
+                {
+                    "200": _items(
+                        {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {
+                                "name": {"type": "string"},
+                                "description": {"type": ["string", "null"]},
+                            },
+                        },
+                        "the workflows",
+                    ),
+                    **_api(),
+                },
+            )
+        },
+        "/api/workflows/{name}/run": {
+            "post": _op(
+                "Start a workflow run (SSE by default; Prefer: respond-async for 202, which a job"
+                " owns and, with Workflows.ResumeInterruptedRuns, resumes after a crash)",
+                {**started, **_api(404, 409, 413, 422, 429, 501)},
+                parameters=[NAME, PREFER, key],
+                requestBody=_body(_schema("WorkflowRequest")),
+            )
+        },
+        "/api/workflows/runs/{id}/respond": {
+            "post": _op(
+                "Answer the question a Waiting workflow run asked; a new run continues the chain"
+                " (409 when it waits for nothing)",
+                started,
+                parameters=[RUN_ID, PREFER, key],
+                requestBody=_body(_schema("Answer")),
+            )
+        },
+        "/api/workflows/runs/{id}/resume": {
+            "post": _op(
+                "Resume a Failed workflow run from its latest checkpoint (409 for a live, waiting,"
+                " completed or already resumed run); a body is ignored",
+                started,
+                parameters=[RUN_ID, PREFER, key],
+            )
+        },
+    }
+
+
+def operator_paths() -> dict[str, Any]:
+    return {
+        "/api/agents": {
+            "get": _op(
+                "The configured agents", {"200": _items(_schema("Agent"), "the agents"), **_api()}
+            )
+        },
+        "/api/circuits": {
+            "get": _op(
+                "Circuit and concurrency slots per provider",
+                {"200": _json(CIRCUITS_SCHEMA, "one item per configured provider"), **_api()},
+            )
+        },
+        "/api/quota": {
+            "get": _op(
+                "The tenant's cost quota and what it spent in the current period",
+                {"200": _json(_schema("Quota"), "period, limit, used, left, resetsAt"), **_api()},
+            )
+        },
+        "/api/statistics/runs": {
+            "get": _op(
+                "Counts, tokens and cost, grouped byModel (the model that answered)",
+                {"200": _json(STATISTICS_SCHEMA, "statistics of the tenant's runs"), **_api()},
+                parameters=[_query("agent", {"type": "string"}, "only this agent's runs")],
+            )
+        },
+    }
+
+
+def openai_paths(key: dict[str, Any]) -> dict[str, Any]:
+    run_header = {
+        "X-Tracon-Run-Id": {
+            "description": "the run this request made (GET /api/runs/{id})",
+            "schema": {"type": "string"},
+        }
+    }
+
+    def submission(summary: str, request: str) -> dict[str, Any]:
+        responses = {
+            "200": {
+                "description": "the OpenAI object, or text/event-stream with stream: true",
+                "headers": run_header,
+                "content": {"application/json": {"schema": _schema("OpenAIObject")}, **OPENAI_SSE},
+            },
+            "202": _json(
+                {"anyOf": [_schema("WaitingRun"), _schema("OpenAIObject")]},
+                "Prefer: respond-async, or the run is still going (Runs.BufferedWaitTimeout),"
+                " or it waits for a person (a tracon.run object); Location names the run",
+                headers=run_header,
+            ),
+            **errors(OPENAI, 401, 404, 409, 413, 422, 429, 501, 502, 503),
+        }
+        return _op(
+            summary,
+            responses,
+            parameters=[PREFER, key],
+            requestBody=_body(_schema(request)),
+        )
+
+    return {
+        "/v1/chat/completions": {
+            "post": submission("OpenAI-compatible chat completions", "ChatCompletionRequest")
+        },
+        "/v1/responses": {"post": submission("OpenAI-compatible responses", "ResponsesRequest")},
+        "/v1/models": {
+            "get": _op(
+                "The agents, in OpenAI's model-list shape",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["object", "data"],
+                            "properties": {
+                                "object": {"const": "list"},
+                                "data": {"type": "array", "items": _schema("Model")},
+                            },
+                        },
+                        "the agents",
+                    ),
+                    **errors(OPENAI, 401, 503),
+                },
+            )
+        },
+        "/v1/models/{model}": {
+            "get": _op(
+                "One agent as an OpenAI model",
+                {
+                    "200": _json(_schema("Model"), "the model"),
+                    **errors(OPENAI, 401, 404, 503),
+                },
+                parameters=[_path("model", {"type": "string", "minLength": 1}, "an agent's name")],
+            )
+        },
+    }
+
+
+def public_paths() -> dict[str, Any]:
+    def public(summary: str, responses: dict[str, Any]) -> dict[str, Any]:
+        return {"get": _op(summary, {**responses, **errors(PROBLEM)}, security=[])}
+
+    ready = {
+        "type": "object",
+        "required": ["status", "checks", "draining"],
+        "properties": {
+            "status": {"enum": ["ready", "unavailable"]},
+            "checks": {"type": "object", "additionalProperties": {"type": "boolean"}},
+            "draining": {"type": "boolean"},
+        },
+    }
+    return {
+        "/healthz": public(
+            "Liveness",
+            {"200": _json({"type": "object", "properties": {"status": {"const": "ok"}}}, "alive")},
+        ),
+        "/readyz": public(
+            "Readiness",
+            {
+                "200": _json(ready, "ready"),
+                "503": _json(ready, "SQL or Redis does not answer, or the node drains"),
+            },
+        ),
+        "/metrics": public(
+            "Prometheus metrics",
+            {
+                "200": {
+                    "description": "text format 0.0.4",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+                "503": _ref("responses", "Problem503"),
+            },
+        ),
+        "/openapi.json": public(
+            "This description", {"200": _json({"type": "object"}, "OpenAPI 3.1")}
+        ),
+    }
+
+
+def document(settings: Settings) -> dict[str, Any]:
+    key = idempotency_key(settings.idempotency.max_key_length)
+    async_key = idempotency_key(settings.idempotency.max_key_length, needs_async=True)
     return {
         "openapi": "3.1.0",
         "info": {"title": "tracon-jobs", "version": tracon_jobs.__version__},
         "security": [{"bearer": []}],
         "paths": {
-            "/api/agents/{name}/run": {
-                "post": _op(
-                    "Submit an agent run (SSE by default; Prefer: respond-async for 202)",
-                    {
-                        "200": {"description": "text/event-stream of the run's events"},
-                        "202": _json(
-                            "Accepted",
-                            "Queued; Location names the run (with Idempotency-Key: the run"
-                            " JSON of a run still going or waiting for a person)",
-                        ),
-                        "400": PROBLEM,
-                        "429": QUOTA_SPENT,
-                        "503": PROBLEM,
-                        **IDEMPOTENCY_RESPONSES,
-                    },
-                    parameters=[
-                        {
-                            "name": "name",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string"},
-                        },
-                        {"name": "Prefer", "in": "header", "schema": {"type": "string"}},
-                        IDEMPOTENCY_KEY,
-                    ],
-                    requestBody={
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/RunRequest"}
-                            }
-                        },
-                    },
-                )
-            },
-            "/api/runs": {
-                "get": _op(
-                    "List runs, newest first",
-                    {"200": {"description": "a page of runs with nextCursor"}, "400": PROBLEM},
-                    parameters=[
-                        {
-                            "name": "status",
-                            "in": "query",
-                            "schema": {"enum": RUN_SCHEMA["properties"]["status"]["enum"]},
-                        },
-                        {"name": "agent", "in": "query", "schema": {"type": "string"}},
-                        {
-                            "name": "sessionId",
-                            "in": "query",
-                            "schema": {"type": "string", "maxLength": 200},
-                        },
-                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
-                        LIMIT,
-                    ],
-                )
-            },
-            "/api/runs/{id}": {
-                "get": _op(
-                    "A run; ?include=messages adds its saved conversation",
-                    {"200": _json("Run", "the run"), "400": PROBLEM},
-                    parameters=[
-                        RUN_ID,
-                        {
-                            "name": "include",
-                            "in": "query",
-                            "description": "messages: add the conversation as `messages`",
-                            "schema": {"enum": ["messages"]},
-                        },
-                    ],
-                )
-            },
-            "/api/runs/{id}/tool-calls": {
-                "get": _op(
-                    "The run's tool-call ledger, in the order the calls were recorded",
-                    {"200": _items("ToolCall", "the ledger rows")},
-                    parameters=[RUN_ID],
-                )
-            },
-            "/api/agents": {
-                "get": {
-                    "summary": "The configured agents",
-                    "responses": {"200": _items("Agent", "the agents"), "401": PROBLEM},
-                }
-            },
-            "/api/runs/{id}/events": {
-                "get": _op(
-                    "The run's events; Accept: text/event-stream follows live",
-                    {"200": {"description": "events in order"}},
-                    parameters=[RUN_ID],
-                )
-            },
-            "/api/runs/{id}/cancel": {
-                "post": _op(
-                    "Cancel a run and its descendants, wherever they execute",
-                    {
-                        "202": {"description": "the request is persisted and announced"},
-                        "409": PROBLEM,
-                    },
-                    parameters=[RUN_ID],
-                )
-            },
-            "/api/circuits": {
-                "get": _op(
-                    "Circuit and concurrency slots per provider",
-                    {"200": {"description": "one item per configured provider"}},
-                )
-            },
-            "/api/quota": {
-                "get": _op(
-                    "The tenant's cost quota and what it spent in the current period",
-                    {"200": _json("Quota", "period, limit, used, left, resetsAt, currency")},
-                )
-            },
-            "/api/statistics/runs": {
-                "get": _op(
-                    "Counts, tokens and cost, grouped byModel (the model that answered)",
-                    {"200": {"description": "statistics of the tenant's runs"}},
-                )
-            },
-            "/api/runs/{id}/tree": {
-                "get": _op(
-                    "The run tree rooted at the run's root",
-                    {"200": {"description": "runs"}},
-                    parameters=[RUN_ID],
-                )
-            },
-            **APPROVAL_PATHS,
-            **WORKFLOW_PATHS,
-            **OPENAI_PATHS,
-            "/healthz": {
-                "get": {
-                    "summary": "Liveness",
-                    "security": [],
-                    "responses": {"200": {"description": "alive"}},
-                }
-            },
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness",
-                    "security": [],
-                    "responses": {
-                        "200": {"description": "ready"},
-                        "503": {"description": "not ready"},
-                    },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "security": [],
-                    "responses": {"200": {"description": "text format"}},
-                }
-            },
+            **run_paths(key),
+            **approval_paths(key),
+            **workflow_paths(async_key),
+            **operator_paths(),
+            **openai_paths(key),
+            **public_paths(),
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "Run": RUN_SCHEMA,
+                "Event": EVENT_SCHEMA,
+                "Accepted": ACCEPTED_SCHEMA,
                 "Approval": APPROVAL_SCHEMA,
                 "Decision": DECISION_SCHEMA,
-                "WaitingRun": WAITING_SCHEMA,
                 "ToolCall": TOOL_CALL_SCHEMA,
                 "Agent": AGENT_SCHEMA,
-                "Model": MODEL_SCHEMA,
+                "Quota": QUOTA_SCHEMA,
+                "RunRequest": RUN_REQUEST,
+                "WorkflowRequest": WORKFLOW_REQUEST,
+                "Answer": ANSWER_SCHEMA,
                 "ChatCompletionRequest": CHAT_REQUEST,
                 "ResponsesRequest": RESPONSES_REQUEST,
-                "RunRequest": {
-                    "type": "object",
-                    "required": ["message"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "message": {"type": "string", "minLength": 1},
-                        "sessionId": {"type": ["string", "null"], "maxLength": 200},
-                        "parameters": {"type": ["object", "null"]},
-                    },
-                },
-                "Quota": QUOTA_SCHEMA,
-                "Accepted": {
-                    "type": "object",
-                    "properties": {"runId": {"type": "string"}, "status": {"type": "string"}},
-                },
-                "Problem": {
-                    "type": "object",
-                    "properties": {
-                        "type": {"type": "string"},
-                        "title": {"type": "string"},
-                        "status": {"type": "integer"},
-                        "detail": {"type": "string"},
-                    },
-                },
+                "OpenAIObject": OPENAI_OBJECT,
+                "WaitingRun": WAITING_SCHEMA,
+                "Model": MODEL_SCHEMA,
+                "Problem": PROBLEM_SCHEMA,
+                "OpenAIError": OPENAI_ERROR_SCHEMA,
             },
-            "responses": {
-                "Problem": {
-                    "description": "problem+json",
-                    "content": {
-                        "application/problem+json": {
-                            "schema": {"$ref": "#/components/schemas/Problem"}
-                        }
-                    },
-                }
-            },
+            "responses": error_responses(settings.web.max_request_bytes),
         },
     }
 
 
 @bp.get("/openapi.json")
 def openapi_json() -> Response:
-    return jsonify(document())
+    return jsonify(document(runtime().settings))
