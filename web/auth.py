@@ -19,10 +19,11 @@ def require_tenant(blueprint: Blueprint) -> None:
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise unauthorized("an API key is required: Authorization: Bearer <key>")
-        tenant_id = runtime().tenants.authenticate(key.strip())
-        if tenant_id is None:
+        found = runtime().tenants.authenticate_tenant(key.strip())
+        if found is None:
             raise unauthorized("the API key is not valid")
-        g.tenant_id = tenant_id
+        g.tenant_id = found.tenant_id
+        g.own_quota = found.own_quota  # read with the key: the quota check needs no read
         g.key_id = key.strip().split("_", 2)[1]  # the key's public id, never its secret
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from decimal import Decimal
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, g, jsonify, request
 
 from tracon_jobs.resilience.quotas import utc_now, window_of
 from web.auth import require_tenant, tenant_id
@@ -52,7 +52,8 @@ def refuse_when_spent(blueprint: Blueprint, endpoints: Iterable[str]) -> None:
         quotas = runtime().quotas
         tenant = tenant_id()
         now = utc_now()
-        quota = quotas.quota_of(tenant)
+        own = g.get("own_quota")
+        quota = quotas.quota_of(tenant) if own is None else quotas.quota_from(own)
         if quota.limit is None:
             return
         refusal = quotas.refusal(tenant, quota, now)

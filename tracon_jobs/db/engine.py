@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import DateTime, Engine, bindparam, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -68,6 +69,16 @@ PG_CONNECT_TIMEOUT_SECONDS = 3
 """A server that does not answer fails a connection attempt quickly (then it is retried, or
 the web answers 503), instead of hanging a thread for the kernel's TCP timeout."""
 
+IDLE_PING_SECONDS = 10.0
+"""A pooled connection unused for this long is pinged when it is checked out (a server that
+restarted meanwhile left it dead, and the ping replaces it); a connection in steady use is
+not: a ping on every checkout cost every transaction a round trip. A connection that died
+while in use fails its statement, the pool drops every connection older than the failure,
+and the caller's outage retry (`db.outages`) or the web's 503 takes it from there."""
+
+POOL_RECYCLE_SECONDS = 1800
+"""Connections are replaced after this long, before a proxy or server idle limit cuts them."""
+
 
 class Database:
     """One database URL; engines and session factories per process, thread-safe."""
@@ -115,8 +126,10 @@ class Database:
         """
         if self.is_sqlite:
             return _utc_now()
-        with self.engine.connect() as conn:
-            value = conn.execute(text("SELECT clock_timestamp() AT TIME ZONE 'UTC'")).scalar_one()
+        with self.read() as session:
+            value = session.execute(
+                text("SELECT clock_timestamp() AT TIME ZONE 'UTC'")
+            ).scalar_one()
         assert isinstance(value, datetime)
         return value
 
@@ -140,20 +153,30 @@ class Database:
             engine = self._create_engine()
             self._engine = engine
             self._write = sessionmaker(engine, expire_on_commit=False)
-            self._read = sessionmaker(
-                engine.execution_options(tracon_read_only=True), expire_on_commit=False
-            )
+            self._read = sessionmaker(self._read_engine(engine), expire_on_commit=False)
             self._pid = os.getpid()
+
+    def _read_engine(self, engine: Engine) -> Engine:
+        """Reads on PostgreSQL run in autocommit: a statement each, no BEGIN and ROLLBACK
+        around it. Under READ COMMITTED every statement takes a fresh snapshot anyway, so a
+        read session sees what it saw before. SQLite keeps its transaction (one snapshot
+        for the whole read, no round trip to save)."""
+        if self.is_sqlite:
+            return engine.execution_options(tracon_read_only=True)
+        return engine.execution_options(tracon_read_only=True, isolation_level="AUTOCOMMIT")
 
     def _create_engine(self) -> Engine:
         if not self.is_sqlite:
-            return create_engine(
+            engine = create_engine(
                 self.url,
                 pool_size=self.pool_size,
                 max_overflow=10,
-                pool_pre_ping=True,
+                pool_use_lifo=True,  # the busy connections stay busy, idle ones get pinged
+                pool_recycle=POOL_RECYCLE_SECONDS,
                 connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_SECONDS},
             )
+            _install_idle_ping(engine)
+            return engine
         _ensure_sqlite_dir(self.url)
         engine = create_engine(
             self.url,
@@ -173,6 +196,24 @@ def _ensure_sqlite_dir(url: str) -> None:
     database = make_url(url).database
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _install_idle_ping(engine: Engine) -> None:
+    """Ping a connection on checkout only when it sat idle for `IDLE_PING_SECONDS`."""
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < IDLE_PING_SECONDS:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:  # the pool replaces it (up to three attempts)
+            raise DisconnectionError(f"an idle pooled connection is dead: {exc}") from exc
 
 
 def _install_sqlite_hooks(engine: Engine) -> None:

@@ -29,7 +29,7 @@ from tracon_jobs.resilience.budgets import (
     Totals,
     refusal_message,
 )
-from tracon_jobs.runs.quota import Quotas, TenantQuota
+from tracon_jobs.runs.quota import OwnQuota, Quotas, TenantQuota
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,7 @@ def open_budget(
     run: Run,
     currency: str,
     quotas: Quotas | None = None,
+    own_quota: OwnQuota | None = None,
 ) -> TreeBudget:
     fresh_root = run.id == run.root_run_id and run.continued_from_run_id is None
     if fresh_root and run.fence == 1:
@@ -127,7 +128,7 @@ def open_budget(
         store.open(run.root_run_id, seed)
     except redis.RedisError as exc:
         log.warning("budget store unreachable when opening tree %s: %s", run.root_run_id, exc)
-    quota = None if quotas is None else quotas.for_run(run.tenant_id)
+    quota = None if quotas is None else quotas.for_run(run.tenant_id, own_quota)
     return TreeBudget(store, limits, run.root_run_id, currency, db, quota)
 
 

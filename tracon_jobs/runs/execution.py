@@ -8,7 +8,7 @@ to run errors lives here too, so the executor and the tool calls read the same r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolSpec
@@ -20,6 +20,9 @@ from tracon_jobs.runs.continuation import ChainLedger
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError
 from tracon_jobs.runs.live import CANCELED, TAKEN_AWAY
 from tracon_jobs.settings import AgentSettings
+
+if TYPE_CHECKING:
+    from tracon_jobs.runs.store import TurnSpend
 
 
 class RunFailure(Exception):
@@ -78,6 +81,7 @@ class Execution:
     budget: TreeBudget | None = None
     link_first_call: int = 0  # the first ledger turn of the current fallback link
     answered: set[str] = field(default_factory=set)  # executions the ledger already answered
+    pending_spend: tuple[TurnSpend, dict[str, Any]] | None = None  # the answer's, not yet written
 
     def ensure_live(self) -> None:
         """Stop before the next model or tool call once the run is canceled or taken away."""

@@ -60,7 +60,7 @@ from tracon_jobs.runs.execution import (
 from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import CANCELED, LiveRuns
-from tracon_jobs.runs.quota import Quotas
+from tracon_jobs.runs.quota import OwnQuota, Quotas
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore, TurnSpend
 from tracon_jobs.runs.subagents import SubAgents, agent_tool_schema
@@ -139,15 +139,18 @@ class RunExecutor:
         if self.draining.is_set():  # left Queued: the requeue scan sends it elsewhere
             log.info("draining: run %s not claimed", run_id)
             return "draining"
-        claimed = self.runs.claim_and_load(run_id, self.owner_id)
+        claimed = self.runs.open_claim(run_id, self.owner_id)
         if claimed is None:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
             return "dropped"
-        claim, run = claimed
-        with logs.run_context(run_id, agent=run.agent):
-            return self._execute_claimed(claim, run)
+        claim, run, own_quota = claimed
+        try:  # the claim's transaction takes the first model call's `ModelCallStarted` along
+            with logs.run_context(run_id, agent=run.agent):
+                return self._execute_claimed(claim, run, own_quota)
+        finally:
+            self.runs.settle(claim)
 
-    def _execute_claimed(self, claim: Claim, run: Run) -> str:
+    def _execute_claimed(self, claim: Claim, run: Run, own_quota: OwnQuota | None = None) -> str:
         run_id = claim.run_id
         unknown = self._unknown_here(run)
         if unknown is not None:
@@ -157,7 +160,7 @@ class RunExecutor:
         if run.cancel_requested_at is not None:  # canceled between its claim and now
             signal.abort(CANCELED)
         try:
-            return self._run_to_end(claim, run, signal).value
+            return self._run_to_end(claim, run, signal, own_quota).value
         except RunTakenAway:
             log.warning("run %s was taken away from fence %s; stopping", run_id, claim.fence)
             return "taken_away"
@@ -198,16 +201,20 @@ class RunExecutor:
         self.runs.release(claim, f"{unknown} is not configured on worker {claim.owner}")
         return "released"
 
-    def _run_to_end(self, claim: Claim, run: Run, signal: AbortSignal) -> RunStatus:
+    def _run_to_end(
+        self, claim: Claim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
+    ) -> RunStatus:
         if run.kind == "workflow" and self.workflows is not None:
+            self.runs.settle(claim)  # the workflow writes through stores of its own
             return self.workflows.run(claim, run, signal)
         execution: Execution | None = None
         try:
-            execution = self._prepare(claim, run, signal)
+            execution = self._prepare(claim, run, signal, own_quota)
             output = self._tool_loop(execution)
         except RunWaits:  # saved `Waiting` already: no final write, the thread is free
             return RunStatus.WAITING
         except RunFailure as failure:
+            self._flush_spend(execution)
             if failure.blocked is not None:
                 data = {**failure.blocked, "message": failure.error.message}
                 self.runs.append(claim, "RunContinuationBlocked", data)
@@ -233,14 +240,27 @@ class RunExecutor:
         error: RunError | None = None,
     ) -> RunStatus:
         attempts = execution.attempts if execution and execution.attempts else None
-        closed = self.runs.finish(claim, status, output=output, error=error, attempts=attempts)
+        spend = execution.pending_spend if execution else None
+        closed = self.runs.finish(
+            claim, status, output=output, error=error, attempts=attempts, spend=spend
+        )
         if closed is None:
             raise RunTakenAway(claim.run_id)
         return status
 
+    def _flush_spend(self, execution: Execution | None) -> None:
+        """Write the last model call's spend now, when an event must follow it before the
+        final write (which otherwise takes it along)."""
+        if execution is not None and execution.pending_spend is not None:
+            spend, data = execution.pending_spend
+            execution.pending_spend = None
+            self.runs.record_spend(execution.claim, spend, data)
+
     # -- preparation -------------------------------------------------------------------
 
-    def _prepare(self, claim: Claim, run: Run, signal: AbortSignal) -> Execution:
+    def _prepare(
+        self, claim: Claim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
+    ) -> Execution:
         agent = self.settings.agents.get(run.agent)
         if agent is None:
             raise config_failure(f"agent '{run.agent}' is not configured")
@@ -248,7 +268,7 @@ class RunExecutor:
         first_call = 0 if claim.fence == 1 else self.ledger.next_turn(run.id)
         try:
             chain = chain_ledger(self.db, run)
-            budget = self._open_budget(run)
+            budget = self._open_budget(run, own_quota)
         except ChainUnreadable as exc:
             error = RunError("chain_unreadable", ErrorClass.INFRASTRUCTURE, str(exc))
             raise RunFailure(error) from exc
@@ -256,11 +276,11 @@ class RunExecutor:
             claim, run, agent, tools, signal, first_call, first_call, chain=chain, budget=budget
         )
 
-    def _open_budget(self, run: Run) -> TreeBudget:
+    def _open_budget(self, run: Run, own_quota: OwnQuota | None) -> TreeBudget:
         """The tree's shared budget, seeded from SQL (the chain read once, all or nothing)."""
         limits = Limits.from_settings(self.settings.agent_graph)
         currency = self.settings.pricing.currency
-        return open_budget(self.budgets, self.db, limits, run, currency, self.quotas)
+        return open_budget(self.budgets, self.db, limits, run, currency, self.quotas, own_quota)
 
     def _resolve_tools(self, agent: AgentSettings) -> dict[str, ToolSpec]:
         tools: dict[str, ToolSpec] = {}
@@ -364,6 +384,7 @@ class RunExecutor:
         index = ex.run.turns_completed
         waited_in = unanswered_calls(messages)
         if waited_in:  # back from waiting for a person: finish that turn first
+            self.runs.settle(ex.claim)  # its tool calls write through the ledger
             call_no = self.approvals.pending_turn(ex.run.id)
             assert call_no is not None, "a run waits in a turn that asked for approval"
             ex.next_call = max(ex.next_call, call_no + 1)
@@ -543,7 +564,10 @@ class RunExecutor:
             "cost": {"amount": float(amount), "source": source},
             "cached": cached,
         }
-        self.runs.record_spend(ex.claim, spend, data)
+        if response.tool_calls:
+            self.runs.record_spend(ex.claim, spend, data)
+        else:  # the answer: its spend goes in with the run's final write
+            ex.pending_spend = (spend, data)
 
 
 def initial_messages(agent: AgentSettings, run: Run) -> list[Message]:

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 import redis
 from sqlalchemy import delete, func, select
@@ -38,6 +39,16 @@ log = logging.getLogger(__name__)
 class Quota:
     period: Period
     limit: Decimal | None  # None: no quota
+
+
+@dataclass(frozen=True)
+class OwnQuota:
+    """The tenant's `tenant_quotas` row as read with something else (the run's claim):
+    `period` and `cost_limit`, or `found=False` when the tenant has no row of its own."""
+
+    found: bool
+    period: str | None = None
+    cost_limit: Any = None
 
 
 @dataclass(frozen=True)
@@ -73,9 +84,15 @@ class Quotas:
             row = session.get(TenantQuotaOverride, tenant_id)
             if row is None:
                 return self.default
-            limit = None if row.cost_limit is None else _plain(Decimal(str(row.cost_limit)))
-            period: Period = "month" if row.period == "month" else "day"
-            return Quota(period, limit)
+            return self.quota_from(OwnQuota(True, row.period, row.cost_limit))
+
+    def quota_from(self, own: OwnQuota) -> Quota:
+        """The quota a tenant's own row (read already) gives it, else the default."""
+        if not own.found:
+            return self.default
+        limit = None if own.cost_limit is None else _plain(Decimal(str(own.cost_limit)))
+        period: Period = "month" if own.period == "month" else "day"
+        return Quota(period, limit)
 
     def has_own(self, tenant_id: str) -> bool:
         with self.db.read() as session:
@@ -156,8 +173,10 @@ class Quotas:
             used = spent_in(self.db, tenant_id, window)
         return QuotaUsage(quota, window, used)
 
-    def for_run(self, tenant_id: str) -> TenantQuota:
-        return TenantQuota(self, tenant_id, self.quota_of(tenant_id))
+    def for_run(self, tenant_id: str, own: OwnQuota | None = None) -> TenantQuota:
+        """The quota a run checks; `own`: the tenant's row as its claim read it."""
+        quota = self.quota_of(tenant_id) if own is None else self.quota_from(own)
+        return TenantQuota(self, tenant_id, quota)
 
     def _seed(self, tenant_id: str, window: Window) -> None:
         log.info("quota counter of tenant %s (%s) rebuilt from SQL", tenant_id, window.label)

@@ -12,8 +12,10 @@ time they record is read inside the statement (`StatementClock`), not in a round
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -25,6 +27,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    exists,
     func,
     insert,
     inspect,
@@ -39,10 +42,11 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from tracon_jobs.coordination.event_feed import EventFeed
 from tracon_jobs.db import Database
 from tracon_jobs.db.engine import StatementClock
-from tracon_jobs.db.models import Run, RunEvent
+from tracon_jobs.db.models import Run, RunEvent, TenantQuotaOverride
 from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import RunTakenAway
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENT, Claim, ErrorClass, RunError, RunStatus
+from tracon_jobs.runs.quota import OwnQuota
 
 LIVE = [RunStatus.QUEUED.value, RunStatus.RUNNING.value, RunStatus.WAITING.value]
 
@@ -71,7 +75,7 @@ def _next_seq(*guard: ColumnElement[bool]) -> Update:
 _OWNED = (RUNS.c.fence == _param(RUNS.c.fence), RUNS.c.status == RunStatus.RUNNING.value)
 _APPEND = _next_seq()
 _APPEND_FENCED = _next_seq(*_OWNED)
-_APPEND_SPEND = _APPEND_FENCED.values(
+_SPEND: dict[str, Any] = dict(
     model_id=_param(RUNS.c.model_id),
     input_tokens=RUNS.c.input_tokens + _param(RUNS.c.input_tokens),
     output_tokens=RUNS.c.output_tokens + _param(RUNS.c.output_tokens),
@@ -81,6 +85,7 @@ _APPEND_SPEND = _APPEND_FENCED.values(
         (RUNS.c.cost_source == "Unknown", "Unknown"), else_=_param(RUNS.c.cost_source)
     ),
 )
+_APPEND_SPEND = _APPEND_FENCED.values(**_SPEND)
 _APPEND_COST = _APPEND_FENCED.values(cost_amount=RUNS.c.cost_amount + _param(RUNS.c.cost_amount))
 _APPEND_MANY_FENCED = _APPEND_FENCED.values(event_seq=RUNS.c.event_seq + bindparam("p_count"))
 _INSERT_EVENT = insert(EVENTS)
@@ -102,6 +107,22 @@ _CLAIM = (
         event_seq=RUNS.c.event_seq + 1,
     )
     .returning(*RUNS.c)
+)
+_QUOTAS = cast(Table, TenantQuotaOverride.__table__)
+_OWN_QUOTA = _QUOTAS.c.tenant_id == RUNS.c.tenant_id
+_CLAIM_OPEN = (
+    _CLAIM.values(event_seq=RUNS.c.event_seq + 2)  # RunStarted and one more
+    # the tenant's own quota, which the run checks at its gates: no read of its own
+    .returning(
+        exists().where(_OWN_QUOTA).label("own_quota_found"),
+        select(_QUOTAS.c.period).where(_OWN_QUOTA).scalar_subquery().label("own_quota_period"),
+        select(_QUOTAS.c.cost_limit).where(_OWN_QUOTA).scalar_subquery().label("own_quota_limit"),
+    )
+)
+_UNRESERVE = (
+    update(RUNS)
+    .where(RUNS.c.id == _param(RUNS.c.id), *_OWNED)
+    .values(event_seq=RUNS.c.event_seq - 1)
 )
 _SAVE_TURN = (
     update(RUNS)
@@ -131,6 +152,10 @@ _CLOSE = (
     .returning(RUNS.c.event_seq, _NOW)
 )
 _CLOSE_FENCED = _CLOSE.where(RUNS.c.fence == _param(RUNS.c.fence))
+_CLOSE_SPEND = _CLOSE_FENCED.values(
+    event_seq=RUNS.c.event_seq + 2,  # the spend's `ModelCallCompleted`, then the terminal one
+    **_SPEND,
+)
 
 
 @dataclass(frozen=True)
@@ -192,6 +217,7 @@ class RunStore:
     def __init__(self, db: Database, feed: EventFeed | None = None) -> None:
         self.db = db
         self.feed = feed
+        self._open: dict[str, _OpenClaim] = {}  # run id -> its claim's open transaction
 
     def publish(self, event: Event | None) -> Event | None:
         if event is not None and self.feed is not None:
@@ -201,10 +227,12 @@ class RunStore:
     # -- creating and enqueueing -------------------------------------------------------
 
     def create(self, new: NewRun) -> Run:
-        """Write the `Queued` row and its `RunQueued` event before any message is sent."""
+        """Write the `Queued` row and its `RunQueued` event before any message is sent.
+
+        Nothing is published: no tail can be waiting on the feed of a run that did not
+        exist, and a tail reads SQL before it first waits, so it finds `RunQueued` there."""
         with self.db.write() as session:
-            run, event = self.create_in(session, new)
-        self.publish(event)
+            run, _event = self.create_in(session, new)
         return run
 
     def create_in(self, session: Session, new: NewRun) -> tuple[Run, Event]:
@@ -286,10 +314,81 @@ class RunStore:
         return Claim(run_id=run_id, fence=run.fence, owner=owner), run
 
     @rides_out_outages
+    def open_claim(self, run_id: str, owner: str) -> tuple[Claim, Run, OwnQuota] | None:
+        """`claim_and_load`, its transaction left open for the claim's next event.
+
+        The executor's next step is its first model call, whose `ModelCallStarted` then
+        commits with the claim and `RunStarted`: one transaction (BEGIN, UPDATE, INSERT,
+        COMMIT) for both, and one wake-up of the followers. The claim reserves two sequence
+        numbers; the claim's next fenced write through this store, or `settle`, commits it
+        (a commit with `RunStarted` alone gives the second number back). Until then the row
+        is locked (SQLite: the database), so the same thread must write nothing that
+        bypasses this store: the executor settles first.
+        """
+        params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params()}
+        transaction = self.db.write()
+        session = transaction.__enter__()
+        try:
+            row = session.execute(_CLAIM_OPEN, params).one_or_none()
+        except BaseException:
+            transaction.__exit__(*sys.exc_info())
+            raise
+        if row is None:
+            transaction.__exit__(None, None, None)
+            return None
+        values = row._asdict()
+        own_quota = OwnQuota(
+            bool(values.pop("own_quota_found")),
+            values.pop("own_quota_period"),
+            values.pop("own_quota_limit"),
+        )
+        run = _detached_run(values)
+        run.event_seq -= 1  # as it reads once settled with `RunStarted` alone
+        claim = Claim(run_id=run_id, fence=run.fence, owner=owner)
+        assert run.heartbeat_at is not None
+        self._open[run_id] = _OpenClaim(
+            claim, session, transaction, run.event_seq, run.heartbeat_at
+        )
+        return claim, run, own_quota
+
+    def settle(self, claim: Claim) -> None:
+        """Commit the claim's open transaction (`open_claim`), if it is still open."""
+        if self._is_open(claim):
+            self._commit_open(claim, None)
+
+    def _is_open(self, claim: Claim | None) -> bool:
+        opened = None if claim is None else self._open.get(claim.run_id)
+        return opened is not None and opened.claim == claim
+
+    def _commit_open(self, claim: Claim, second: tuple[str, dict[str, Any]] | None) -> Event:
+        """`RunStarted`, and `second` in the reserved number, committed and published once."""
+        opened = self._open.pop(claim.run_id)
+        data = {"owner": claim.owner}
+        events = [Event(claim.run_id, opened.started_seq, "RunStarted", opened.at, data)]
+        if second is not None:
+            type_, data = second
+            events.append(Event(claim.run_id, opened.started_seq + 1, type_, opened.at, data))
+        try:
+            if second is None:
+                params = {"p_id": claim.run_id, "p_fence": claim.fence}
+                opened.session.execute(_UNRESERVE, params)
+            _insert_events(opened.session, events)
+        except BaseException:
+            opened.transaction.__exit__(*sys.exc_info())
+            raise
+        opened.transaction.__exit__(None, None, None)
+        self.publish(events[-1])
+        return events[-1]
+
+    @rides_out_outages
     def append(
         self, claim: Claim | None, type_: str, data: dict[str, Any], *, run_id: str | None = None
     ) -> Event:
-        """Append and publish one event (fenced when `claim` is given)."""
+        """Append and publish one event (fenced when `claim` is given; in the claim's open
+        transaction, when it has one)."""
+        if self._is_open(claim):
+            assert claim is not None
+            return self._commit_open(claim, (type_, data))
         with self.db.write() as session:
             event = self.append_in(session, claim, type_, data, run_id=run_id)
         self.publish(event)
@@ -301,6 +400,7 @@ class RunStore:
         one wake-up of the followers, however many events."""
         if not events:
             return
+        self.settle(claim)
         params = {"p_id": claim.run_id, "p_fence": claim.fence, "p_count": len(events)}
         with self.db.write() as session:
             row = session.execute(
@@ -311,12 +411,11 @@ class RunStore:
             last, at = row
             first = last - len(events) + 1
             rows = [
-                {"run_id": claim.run_id, "seq": first + i, "type": type_, "at": at, "data": data}
+                Event(claim.run_id, first + i, type_, at, data)
                 for i, (type_, data) in enumerate(events)
             ]
-            session.execute(_INSERT_EVENT, rows)
-        type_, data = events[-1]
-        self.publish(Event(claim.run_id, last, type_, at, data))
+            _insert_events(session, rows)
+        self.publish(rows[-1])
 
     def append_in(
         self,
@@ -357,13 +456,8 @@ class RunStore:
     @rides_out_outages
     def record_spend(self, claim: Claim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
         """Add a model call's tokens and cost to the run, with its `ModelCallCompleted`."""
-        params = {
-            "p_model_id": spend.model_id,
-            "p_input_tokens": spend.input_tokens,
-            "p_output_tokens": spend.output_tokens,
-            "p_cost_amount": spend.cost,
-            "p_cost_source": spend.cost_source,
-        }
+        self.settle(claim)
+        params = _spend_params(spend)
         with self.db.write() as session:
             event = self._append(
                 session,
@@ -380,6 +474,7 @@ class RunStore:
     @rides_out_outages
     def add_cost(self, claim: Claim, amount: Decimal, data: dict[str, Any]) -> None:
         """Spend a tool reported beyond tokens, with its `UsageReported` event."""
+        self.settle(claim)
         params = {"p_cost_amount": amount}
         with self.db.write() as session:
             event = self._append(
@@ -390,6 +485,7 @@ class RunStore:
     @rides_out_outages
     def save_turn(self, claim: Claim, messages: Sequence[dict[str, Any]], turns: int) -> None:
         """Persist the conversation after a finished turn, so the run resumes from SQL."""
+        self.settle(claim)
         params = {
             "p_id": claim.run_id,
             "p_fence": claim.fence,
@@ -410,9 +506,16 @@ class RunStore:
         output: dict[str, Any] | None = None,
         error: RunError | None = None,
         attempts: list[dict[str, Any]] | None = None,
+        spend: tuple[TurnSpend, dict[str, Any]] | None = None,
     ) -> Event | None:
-        """The one fenced final write; None when the run was taken away meanwhile."""
-        return self._close(claim.run_id, RunStatus.RUNNING, claim, status, output, error, attempts)
+        """The one fenced final write; None when the run was taken away meanwhile.
+
+        `spend`: the last model call's spend and its `ModelCallCompleted` data, written in
+        the same statement (one transaction for the answer and the end of the run)."""
+        self.settle(claim)
+        return self._close(
+            claim.run_id, RunStatus.RUNNING, claim, status, output, error, attempts, spend=spend
+        )
 
     def _close(
         self,
@@ -424,8 +527,13 @@ class RunStore:
         error: RunError | None = None,
         attempts: list[dict[str, Any]] | None = None,
         extra_guard: Sequence[ColumnElement[bool]] = (),
+        *,
+        spend: tuple[TurnSpend, dict[str, Any]] | None = None,
     ) -> Event | None:
         statement = _CLOSE if claim is None else _CLOSE_FENCED
+        if spend is not None:
+            assert claim is not None, "a spend is closed by its executor"
+            statement = _CLOSE_SPEND
         if extra_guard:
             statement = statement.where(*extra_guard)
         params = {
@@ -440,6 +548,7 @@ class RunStore:
             "p_error_retry_after": error.retry_after if error else None,
             "p_model_attempts": attempts,
             **self.db.clock_params(),
+            **(_spend_params(spend[0]) if spend else {}),
         }
         with self.db.write() as session:
             row = session.execute(statement, params).one_or_none()
@@ -451,9 +560,11 @@ class RunStore:
                 data["output"] = output
             if error is not None:
                 data["error"] = error.as_json()
-            type_ = TERMINAL_EVENT[status]
-            _insert_event(session, run_id, seq, type_, now, data)
-        return self.publish(Event(run_id=run_id, seq=seq, type=type_, at=now, data=data))
+            events = [Event(run_id, seq, TERMINAL_EVENT[status], now, data)]
+            if spend is not None:
+                events.insert(0, Event(run_id, seq - 1, "ModelCallCompleted", now, spend[1]))
+            _insert_events(session, events)
+        return self.publish(events[-1])
 
     # -- liveness, cancellation, reconciliation ----------------------------------------
 
@@ -519,6 +630,7 @@ class RunStore:
     def still_owned(self, claim: Claim) -> str | None:
         """Why the claim may no longer start work (`taken_away`, `canceled`), or None: read
         right before a tool body starts, so a paused owner never starts one late."""
+        self.settle(claim)
         query = select(RUNS.c.status, RUNS.c.fence, RUNS.c.cancel_requested_at).where(
             RUNS.c.id == claim.run_id
         )
@@ -555,6 +667,7 @@ class RunStore:
         Its send time is kept, so the requeue scan re-sends it once `Runs.RequeueAfter`
         has passed since then; nothing of the run itself changed.
         """
+        self.settle(claim)
         with self.db.write() as session:
             event = self.append_in(session, claim, "RunReleased", {"reason": reason})
             session.execute(
@@ -715,6 +828,40 @@ def _detached_run(values: dict[str, Any]) -> Run:
     run.__dict__.update(_NULL_RUN, **values)
     make_transient_to_detached(run)
     return run
+
+
+@dataclass
+class _OpenClaim:
+    """A claim whose transaction is still open (`RunStore.open_claim`)."""
+
+    claim: Claim
+    session: Session
+    transaction: AbstractContextManager[Session]
+    started_seq: int  # `RunStarted`'s; the next one is reserved
+    at: datetime
+
+
+def _spend_params(spend: TurnSpend) -> dict[str, Any]:
+    return {
+        "p_model_id": spend.model_id,
+        "p_input_tokens": spend.input_tokens,
+        "p_output_tokens": spend.output_tokens,
+        "p_cost_amount": spend.cost,
+        "p_cost_source": spend.cost_source,
+    }
+
+
+def _insert_events(session: Session, events: Sequence[Event]) -> None:
+    """Events of one transaction in one statement (a multi-row `INSERT ... VALUES`)."""
+    if len(events) == 1:
+        event = events[0]
+        _insert_event(session, event.run_id, event.seq, event.type, event.at, event.data)
+        return
+    rows = [
+        {"run_id": e.run_id, "seq": e.seq, "type": e.type, "at": e.at, "data": e.data}
+        for e in events
+    ]
+    session.execute(insert(EVENTS).values(rows))
 
 
 def _insert_event(
