@@ -5,7 +5,7 @@ Each request starts an ordinary run (recorded, listed under `/api/runs`, cancell
 whose input is the conversation: `{"message": <last user text>, "messages": [...]}`, and
 every answer to it names the run in `X-Tracon-Run-Id`. Without `stream` the answer is
 buffered (the contract's status mapping, in OpenAI's error shape on failure); with
-`stream: true` it follows the run's events (`web.sse.tail`): each model turn's text (the
+`stream: true` it follows the run's events (`web.sse.live_stream`): each model turn's text (the
 `text` of its `ModelCallCompleted`) is sent as a delta as soon as the turn ends, in OpenAI's
 chunk or typed-event format. Every error on `/v1` uses OpenAI's shape.
 """
@@ -13,17 +13,17 @@ chunk or typed-event format. Every error on `/v1` uses OpenAI's shape.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from flask import Blueprint, Response, current_app, g, jsonify
+from flask import Blueprint, Response, g, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 from werkzeug.exceptions import HTTPException
 
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.lifecycle import RunStatus
-from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runs.store import Event, NewRun
 from web.auth import require_tenant, tenant_id
 from web.buffered import ending, run_location, run_view, wait_for_end
 from web.extensions import runtime
@@ -43,7 +43,7 @@ from web.preferences import prefers_async
 from web.problems import Problem, bad_request, kept_headers
 from web.quota import refuse_when_spent
 from web.runs import parse_body, submit
-from web.sse import sse_response, tail
+from web.streams import live_stream, place_for_stream
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 require_tenant(bp)
@@ -110,10 +110,12 @@ def get_model(model: str) -> Response:
 def chat_completions() -> Response | Answer:
     body: ChatRequest = parse_body(ChatRequest)
     turns = [(message.role, message.content) for message in body.messages]
-    run = start_run(body.model, conversation(turns, "messages"))
+    with place_for_stream(body.stream) as place:
+        run = start_run(body.model, conversation(turns, "messages"))
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        return sse_response(chat_stream(run, body.model, usage), Location=run_location(run.id))
+        follow = ChatFrames(run, body.model, usage)
+        return live_stream(follow, 0, place, Location=run_location(run.id))
     return answer(run, body.model, chat_completion)
 
 
@@ -121,9 +123,11 @@ def chat_completions() -> Response | Answer:
 @idempotent()
 def responses() -> Response | Answer:
     body: ResponsesRequest = parse_body(ResponsesRequest)
-    run = start_run(body.model, conversation(response_turns(body), "input"))
+    with place_for_stream(body.stream) as place:
+        run = start_run(body.model, conversation(response_turns(body), "input"))
     if body.stream:
-        return sse_response(response_stream(run, body.model), Location=run_location(run.id))
+        follow = ResponseFrames(run, body.model)
+        return live_stream(follow, 0, place, Location=run_location(run.id))
     return answer(run, body.model, response_object)
 
 
@@ -232,48 +236,64 @@ def waiting_answer(run: Run) -> Answer:
     return jsonify(body), 202, {"Location": location, RUN_ID_HEADER: run.id}
 
 
-KEEPALIVE = ": keep-alive\n\n"
+class ChatFrames:
+    """A run as chat completion chunks: the role, then each model turn's text as a delta
+    as soon as the turn ends (`ModelCallCompleted`), then the end (`chat_final_frames`)."""
 
+    shared = False
+    needs_run = True
 
-def chat_stream(run: Run, model: str, include_usage: bool) -> Iterator[str]:
-    yield data_frame(chat_chunk(run, model, {"role": "assistant", "content": ""}))
-    streamed = False
-    for text in turn_texts(run.id):
+    def __init__(self, run: Run, model: str, include_usage: bool) -> None:
+        self.run_id = run.id
+        self.run = run
+        self.model = model
+        self.include_usage = include_usage
+        self.streamed = False
+
+    def opening(self) -> str:
+        return data_frame(chat_chunk(self.run, self.model, {"role": "assistant", "content": ""}))
+
+    def frames(self, event: Event) -> str:
+        text = turn_text(event)
         if text is None:
-            yield KEEPALIVE
-            continue
-        yield data_frame(chat_chunk(run, model, {"content": turn_separated(text, streamed)}))
-        streamed = True
-    yield from chat_final_frames(ended(run.id), model, include_usage, streamed=streamed)
+            return ""
+        delta = {"content": turn_separated(text, self.streamed)}
+        self.streamed = True
+        return data_frame(chat_chunk(self.run, self.model, delta))
+
+    def closing(self, run: Run | None) -> str:
+        assert run is not None
+        final = chat_final_frames(run, self.model, self.include_usage, streamed=self.streamed)
+        return "".join(final)
 
 
-def response_stream(run: Run, model: str) -> Iterator[str]:
-    events = ResponseEvents(run, model)
-    yield from events.opening()
-    for text in turn_texts(run.id):
-        if text is None:
-            yield KEEPALIVE
-        else:
-            yield from events.turn_text(text)
-    yield from events.closing(ended(run.id))
+class ResponseFrames:
+    """A run as the Responses API's typed events (`ResponseEvents`)."""
+
+    shared = False
+    needs_run = True
+
+    def __init__(self, run: Run, model: str) -> None:
+        self.run_id = run.id
+        self.events = ResponseEvents(run, model)
+
+    def opening(self) -> str:
+        return "".join(self.events.opening())
+
+    def frames(self, event: Event) -> str:
+        text = turn_text(event)
+        return "" if text is None else "".join(self.events.turn_text(text))
+
+    def closing(self, run: Run | None) -> str:
+        assert run is not None
+        return "".join(self.events.closing(run))
 
 
-def turn_texts(run_id: str) -> Iterator[str | None]:
-    """Follow the run to its terminal event: each model turn's non-empty text as the turn
-    ends (`ModelCallCompleted`), and None while the run is quiet (a keep-alive is due)."""
-    rt = runtime()
-    keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
-    for event in tail(rt.runs, rt.feed, run_id, 0, keepalive):
-        if event is None:
-            yield None
-        elif event.type == "ModelCallCompleted" and event.data.get("text"):
-            yield str(event.data["text"])
-
-
-def ended(run_id: str) -> Run:
-    run = runtime().runs.get(run_id)
-    assert run is not None
-    return run
+def turn_text(event: Event) -> str | None:
+    """A model turn's non-empty text, from the event that ends the turn."""
+    if event.type == "ModelCallCompleted" and event.data.get("text"):
+        return str(event.data["text"])
+    return None
 
 
 # -- errors in OpenAI's shape ---------------------------------------------------------

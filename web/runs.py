@@ -9,7 +9,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tracon_jobs.db.models import Run
@@ -27,7 +27,8 @@ from web.idempotency import has_key, idempotent, remember_run
 from web.preferences import prefers_async
 from web.problems import Problem, bad_request, not_found
 from web.quota import refuse_when_spent
-from web.sse import sse_frames, sse_response, tail
+from web.sse import EventFrames
+from web.streams import live_stream, place_for_stream
 
 bp = Blueprint("runs", __name__, url_prefix="/api")
 require_tenant(bp)
@@ -69,16 +70,17 @@ def run_agent(name: str) -> Response | tuple[Response, int, dict[str, str]]:
     if name not in rt.settings.agents:
         raise not_found(f"no agent named '{name}'")
     body: RunRequest = parse_body(RunRequest)
-    run = submit(
-        NewRun(
-            tenant_id=tenant_id(),
-            agent=name,
-            input={"message": body.message},
-            session_id=body.session_id,
-            parameters=body.parameters,
-            currency=rt.settings.pricing.currency,
+    with place_for_stream(not prefers_async() and not has_key()) as place:
+        run = submit(
+            NewRun(
+                tenant_id=tenant_id(),
+                agent=name,
+                input={"message": body.message},
+                session_id=body.session_id,
+                parameters=body.parameters,
+                currency=rt.settings.pricing.currency,
+            )
         )
-    )
     remember_run(run.id)
     location = f"/api/runs/{run.id}"
     if prefers_async():
@@ -86,9 +88,7 @@ def run_agent(name: str) -> Response | tuple[Response, int, dict[str, str]]:
         return jsonify({"runId": run.id, "status": run.status}), 202, headers
     if has_key():
         return buffered_run_response(run.id)
-    keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
-    events = tail(rt.runs, rt.feed, run.id, 0, keepalive)
-    return sse_response(sse_frames(events), Location=location)
+    return live_stream(EventFrames(run.id), 0, place, Location=location)
 
 
 def submit(new: NewRun) -> Run:
@@ -193,8 +193,7 @@ def run_events(run_id: str) -> Response:
     rt = runtime()
     after = last_event_id()
     if "text/event-stream" in request.headers.get("Accept", ""):
-        keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
-        return sse_response(sse_frames(tail(rt.runs, rt.feed, run_id, after, keepalive)))
+        return live_stream(EventFrames(run_id), after)
     return jsonify({"items": [event.as_json() for event in rt.runs.events(run_id, after)]})
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
+from tracon_jobs.coordination.streams import StreamPlace
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.workflows.store import RequestConflict, ResumeConflict
@@ -23,7 +24,8 @@ from web.preferences import prefers_async
 from web.problems import Problem, not_found
 from web.quota import refuse_when_spent
 from web.runs import owned_run, parse_body, submit
-from web.sse import sse_frames, sse_response, tail
+from web.sse import EventFrames
+from web.streams import live_stream, place_for_stream
 
 bp = Blueprint("workflows", __name__, url_prefix="/api")
 require_tenant(bp)
@@ -61,18 +63,19 @@ def run_workflow(name: str) -> Response | tuple[Response, int, dict[str, str]]:
     if not rt.workflow_registry.knows(name):
         raise not_found(f"no workflow named '{name}'")
     body: WorkflowRequest = parse_body(WorkflowRequest)
-    run = submit(
-        NewRun(
-            tenant_id=tenant_id(),
-            agent=name,
-            kind="workflow",
-            input=body.input,
-            session_id=body.session_id,
-            currency=rt.settings.pricing.currency,
-            resumable=prefers_async(),  # a job owns it: bound to no connection
+    with place_for_stream(not prefers_async()) as place:
+        run = submit(
+            NewRun(
+                tenant_id=tenant_id(),
+                agent=name,
+                kind="workflow",
+                input=body.input,
+                session_id=body.session_id,
+                currency=rt.settings.pricing.currency,
+                resumable=prefers_async(),  # a job owns it: bound to no connection
+            )
         )
-    )
-    return started(run)
+    return started(run, place)
 
 
 @bp.post("/workflows/runs/<run_id>/respond")
@@ -80,22 +83,24 @@ def run_workflow(name: str) -> Response | tuple[Response, int, dict[str, str]]:
 def respond(run_id: str) -> Response | tuple[Response, int, dict[str, str]]:
     run = owned_workflow_run(run_id)
     body: Answer = parse_body(Answer)
-    try:
-        continuation = runtime().workflow_resumes.respond(run, body.answer)
-    except RequestConflict as conflict:
-        raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
-    return started(continuation)
+    with place_for_stream(not prefers_async()) as place:
+        try:
+            continuation = runtime().workflow_resumes.respond(run, body.answer)
+        except RequestConflict as conflict:
+            raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
+    return started(continuation, place)
 
 
 @bp.post("/workflows/runs/<run_id>/resume")
 @idempotent(require_async=True)
 def resume(run_id: str) -> Response | tuple[Response, int, dict[str, str]]:
     run = owned_workflow_run(run_id)
-    try:
-        continuation = runtime().workflow_resumes.resume(run)
-    except ResumeConflict as conflict:
-        raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
-    return started(continuation)
+    with place_for_stream(not prefers_async()) as place:
+        try:
+            continuation = runtime().workflow_resumes.resume(run)
+        except ResumeConflict as conflict:
+            raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
+    return started(continuation, place)
 
 
 def owned_workflow_run(run_id: str) -> Run:
@@ -105,13 +110,11 @@ def owned_workflow_run(run_id: str) -> Run:
     return run
 
 
-def started(run: Run) -> Response | tuple[Response, int, dict[str, str]]:
+def started(run: Run, place: StreamPlace | None) -> Response | tuple[Response, int, dict[str, str]]:
     """`202` + `Location` under `Prefer: respond-async`, else the run's events as SSE."""
     remember_run(run.id)
     location = f"/api/runs/{run.id}"
     if prefers_async():
         headers = {"Location": location, "Preference-Applied": "respond-async"}
         return jsonify({"runId": run.id, "status": run.status}), 202, headers
-    rt = runtime()
-    keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", 15.0)
-    return sse_response(sse_frames(tail(rt.runs, rt.feed, run.id, 0, keepalive)), Location=location)
+    return live_stream(EventFrames(run.id), 0, place, Location=location)

@@ -54,10 +54,11 @@ class Cluster:
         wait_for_log(process, "ready.", timeout=30)
         return process
 
-    def web(self, workers: int = 1, name: str = "web") -> tuple[Process, str]:
+    def web(self, workers: int = 1, name: str = "web", threads: int = 8) -> tuple[Process, str]:
         port = free_port()
+        bind = f"127.0.0.1:{port}"
         process = self.start(
-            name, "web", "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", "8"
+            name, "web", "--bind", bind, "--workers", str(workers), "--threads", str(threads)
         )
         base = f"http://127.0.0.1:{port}"
         wait_until(

@@ -4,6 +4,10 @@ SQL holds the events; the feed only says "run X has something new", so a tail ne
 misses an event and never sends one twice: it takes the feed's position, reads SQL after
 the last sequence it sent, and only then blocks on the feed from that position. A lost
 notification costs at most one keep-alive interval, never an event.
+
+A web process that follows many runs at once does not block per run: it `listen`s once
+for every run's notifications (one Redis subscription per process, whatever the number of
+followers) and reads SQL for the runs it follows when one arrives.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis
@@ -21,12 +26,25 @@ STREAM_MAXLEN = 100
 STREAM_TTL_SECONDS = 24 * 3600
 
 PUBLISH_LUA = """
--- KEYS[1]: the run's stream. ARGV: seq, maxlen (approximate), ttl seconds.
--- The append and its TTL in one call: one round trip, and the stream never outlives its
--- last event by more than the TTL (a pipelined XADD + EXPIRE costs two replies to parse).
+-- KEYS[1]: the run's stream. ARGV: seq, maxlen (approximate), ttl seconds, the
+-- notification channel, the run id.
+-- The append, its TTL and the notification of listening web processes in one call: one
+-- round trip, and the stream never outlives its last event by more than the TTL.
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'seq', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 """
+LISTEN_RETRY_SECONDS = 1.0
+LISTEN_READY_SECONDS = 5.0
+
+Notify = Callable[[str], None]
+"""Called with a run id when the run has something new (from the listener's thread)."""
+Resync = Callable[[], None]
+"""Called once the listener is (again) subscribed: anything published before may be lost."""
+
+
+class Listening(Protocol):
+    def close(self) -> None: ...
 
 
 class EventFeed(Protocol):
@@ -36,6 +54,11 @@ class EventFeed(Protocol):
 
     def wait(self, run_id: str, position: str, timeout: float) -> str | None:
         """Block until something is published after `position`; the new position, or None."""
+        ...
+
+    def listen(self, notify: Notify, resync: Resync) -> Listening:
+        """Every run's notifications, until closed; returns once subscribed (or given up
+        waiting: `resync` says when the subscription is in place)."""
         ...
 
 
@@ -50,9 +73,14 @@ class RedisEventFeed:
     def key(self, run_id: str) -> str:
         return f"{self.prefix}:run-events:{run_id}"
 
+    @property
+    def channel(self) -> str:
+        return f"{self.prefix}:run-events"
+
     def publish(self, run_id: str, seq: int) -> None:
+        args: list[str | int] = [seq, STREAM_MAXLEN, STREAM_TTL_SECONDS, self.channel, run_id]
         try:
-            self._publish(keys=[self.key(run_id)], args=[seq, STREAM_MAXLEN, STREAM_TTL_SECONDS])
+            self._publish(keys=[self.key(run_id)], args=args)
         except redis.RedisError as exc:  # SQL has the event; tails fall back to polling
             log.warning("event feed publish failed for run %s: %s", run_id, exc)
 
@@ -77,6 +105,53 @@ class RedisEventFeed:
         entries = reply[0][1]
         return _decode(entries[-1][0])
 
+    def listen(self, notify: Notify, resync: Resync) -> Listening:
+        listener = RedisListener(self.client, self.channel, notify, resync)
+        listener.ready.wait(LISTEN_READY_SECONDS)
+        return listener
+
+
+class RedisListener:
+    """One subscription to the notification channel, in a daemon thread that subscribes
+    again after a lost connection (and says so through `resync`)."""
+
+    def __init__(self, client: redis.Redis, channel: str, notify: Notify, resync: Resync) -> None:
+        self.client = client
+        self.channel = channel
+        self.notify = notify
+        self.resync = resync
+        self.ready = threading.Event()
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="event-feed-listener", daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.closed.is_set():
+            try:
+                self.listen_once()
+            except (redis.RedisError, OSError) as exc:
+                log.warning("event feed subscription lost (%s); subscribing again", exc)
+            self.closed.wait(LISTEN_RETRY_SECONDS)
+
+    def listen_once(self) -> None:
+        pubsub = self.client.pubsub()
+        try:
+            pubsub.subscribe(self.channel)
+            while not self.closed.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if message is None:
+                    continue
+                if message["type"] == "subscribe":
+                    self.resync()
+                    self.ready.set()
+                elif message["type"] == "message":
+                    self.notify(_decode(message["data"]))
+        finally:
+            pubsub.close()
+
+    def close(self) -> None:
+        self.closed.set()
+
 
 class MemoryEventFeed:
     """The same contract inside one process."""
@@ -84,11 +159,22 @@ class MemoryEventFeed:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._counters: dict[str, int] = defaultdict(int)
+        self._listeners: list[MemoryListener] = []
 
     def publish(self, run_id: str, seq: int) -> None:
         with self._cond:
             self._counters[run_id] += 1
             self._cond.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.notify(run_id)
+
+    def listen(self, notify: Notify, resync: Resync) -> Listening:
+        listener = MemoryListener(self, notify)
+        with self._cond:
+            self._listeners.append(listener)
+        resync()
+        return listener
 
     def position(self, run_id: str) -> str:
         with self._cond:
@@ -100,6 +186,16 @@ class MemoryEventFeed:
                 lambda: str(self._counters[run_id]) != position, timeout=timeout
             )
             return str(self._counters[run_id]) if changed else None
+
+
+class MemoryListener:
+    def __init__(self, feed: MemoryEventFeed, notify: Notify) -> None:
+        self.feed = feed
+        self.notify = notify
+
+    def close(self) -> None:
+        with self.feed._cond:
+            self.feed._listeners.remove(self)
 
 
 def _decode(value: bytes | str) -> str:

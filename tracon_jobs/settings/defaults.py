@@ -208,6 +208,11 @@ MAX_REQUEST_BYTES: Final = 1024 * 1024
 `413`. A mebibyte holds any conversation worth sending in one request and bounds the memory one
 request can take."""
 
+MAX_STREAMS_PER_TENANT: Final = 100
+"""Live event streams one tenant may hold open at once, over all web processes; the next one
+gets `429`. A follower costs a socket and a little memory, not a thread, but one tenant must
+not be able to take a node's sockets from the others."""
+
 # --- Stores and providers (tracon-jobs additions) ------------------------------------------
 
 DATABASE_URL: Final = "sqlite:///var/tracon.db"

@@ -341,6 +341,7 @@ class WebSettings(ConfigModel):
     """The HTTP front end (tracon-jobs additions)."""
 
     max_request_bytes: AtLeastOne = defaults.MAX_REQUEST_BYTES
+    max_streams_per_tenant: AtLeastOne = defaults.MAX_STREAMS_PER_TENANT
 
 
 class DatabaseSettings(ConfigModel):

@@ -1,0 +1,322 @@
+"""The stream hub: every live event stream of one web process, served by one thread.
+
+A request thread answers a streaming request as usual (authentication, validation, the run
+submitted), then the server hands the connection over (`tracon_jobs.handoff`) and the
+thread is free. The hub holds the connections, non-blocking, in one selector:
+
+- One subscription to the event feed tells it which run has something new. It reads SQL
+  once per run, after the lowest sequence any of that run's followers has sent (a small
+  pool of reader threads), and writes each follower the frames past its own sequence; a run
+  read while a new follower joins is read again, so no follower skips an event.
+- A client that goes away is noticed at once: its socket turns readable with nothing to
+  read. Its connection closes and its tenant's stream place is given back.
+- A quiet stream gets a keep-alive and a fresh read every keep-alive interval, so a lost
+  notification costs at most one interval, never an event.
+- A client that does not read lets its buffer grow to `MAX_BUFFERED` bytes, then is dropped
+  (it resumes from `Last-Event-ID`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from tracon_jobs.coordination.event_feed import EventFeed
+from tracon_jobs.coordination.streams import RENEW_SECONDS, StreamPlace, StreamPlaces
+from tracon_jobs.runs.lifecycle import TERMINAL_EVENTS
+from tracon_jobs.runs.store import Event, Run, RunStore
+from web.sse import KEEPALIVE, KEEPALIVE_SECONDS, Follow
+
+log = logging.getLogger(__name__)
+
+READERS = 4
+"""Threads reading SQL for the hub: one read serves every follower of a run."""
+MAX_BUFFERED = 1024 * 1024
+SWEEP_SECONDS = 0.5
+READ_LIMIT = 1000  # RunStore.events' page: a full page is followed by another read
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+class Follower:
+    """One client's stream: its connection, what it was sent, what waits to be written."""
+
+    __slots__ = ("chunked", "ending", "follow", "last", "out", "place", "quiet_until", "sock")
+
+    def __init__(
+        self, sock: socket.socket, follow: Follow, last: int, place: StreamPlace, chunked: bool
+    ) -> None:
+        self.sock = sock
+        self.follow = follow
+        self.last = last
+        self.place = place
+        self.chunked = chunked
+        self.out = bytearray()
+        self.quiet_until = 0.0
+        self.ending = False  # the closing is queued: the connection closes once it is out
+
+    def queue(self, text: str) -> None:
+        if not text:
+            return
+        data = text.encode()
+        if self.chunked:
+            self.out += b"%x\r\n" % len(data)
+            self.out += data
+            self.out += b"\r\n"
+        else:
+            self.out += data
+
+
+class StreamHub:
+    """The live streams of one process (see the module's docstring)."""
+
+    def __init__(
+        self,
+        runs: RunStore,
+        feed: EventFeed,
+        places: StreamPlaces,
+        keepalive: float = KEEPALIVE_SECONDS,
+        readers: int = READERS,
+    ) -> None:
+        self.runs = runs
+        self.places = places
+        self.keepalive = keepalive
+        self.selector = selectors.DefaultSelector()
+        self.wake_in, self.wake_out = socket.socketpair()
+        self.wake_in.setblocking(False)
+        self.wake_out.setblocking(False)
+        self.selector.register(self.wake_in, selectors.EVENT_READ, None)
+        self.inbox: deque[Callable[[], None]] = deque()
+        self.followers: dict[str, set[Follower]] = {}
+        self.reading: set[str] = set()
+        self.again: set[str] = set()
+        self.pool = ThreadPoolExecutor(readers, thread_name_prefix="stream-reader")
+        self.closed = False
+        self.thread = threading.Thread(target=self.loop, name="stream-hub", daemon=True)
+        self.thread.start()
+        self.listening = feed.listen(self.notified, self.resync)
+
+    # -- from any thread -----------------------------------------------------------------
+
+    def call(self, work: Callable[[], None]) -> None:
+        """Run `work` on the hub's thread."""
+        self.inbox.append(work)
+        with contextlib.suppress(OSError):  # a full wake-up pipe: the hub is awake anyway
+            self.wake_out.send(b"\0")
+
+    def adopt(
+        self, sock: socket.socket, follow: Follow, after: int, place: StreamPlace, chunked: bool
+    ) -> None:
+        sock.setblocking(False)
+        follower = Follower(sock, follow, after, place, chunked)
+        follower.queue(follow.opening() or KEEPALIVE)
+        self.call(lambda: self.join(follower))
+
+    def notified(self, run_id: str) -> None:
+        if run_id in self.followers:  # most runs of a cluster are followed by nobody here
+            self.call(lambda: self.read(run_id))
+
+    def resync(self) -> None:
+        """The subscription is (again) in place: whatever it missed is read now."""
+        self.call(lambda: self.read_all(self.followers))
+
+    def count(self) -> int:
+        return sum(len(group) for group in list(self.followers.values()))
+
+    def close(self) -> None:
+        self.closed = True
+        self.listening.close()
+        self.call(lambda: None)
+
+    # -- the hub's thread ----------------------------------------------------------------
+
+    def loop(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_SECONDS
+        next_renewal = time.monotonic() + RENEW_SECONDS
+        while not self.closed:
+            try:
+                timeout = max(0.0, next_sweep - time.monotonic())
+                for key, mask in self.selector.select(timeout):
+                    if key.data is None:
+                        self.run_inbox()
+                        continue
+                    follower: Follower = key.data
+                    if mask & selectors.EVENT_READ and not self.client_is_there(follower):
+                        self.drop(follower)
+                    elif mask & selectors.EVENT_WRITE:
+                        self.flush(follower)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self.sweep(now)
+                    next_sweep = now + SWEEP_SECONDS
+                if now >= next_renewal:
+                    places = [f.place for group in self.followers.values() for f in group]
+                    if places:
+                        self.pool.submit(self.renew, places)
+                    next_renewal = now + RENEW_SECONDS
+            except Exception:  # one bad follower or frame must not stop every stream
+                log.exception("stream hub iteration failed")
+
+    def run_inbox(self) -> None:
+        try:
+            while self.wake_in.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        while self.inbox:
+            work = self.inbox.popleft()
+            try:
+                work()
+            except Exception:
+                log.exception("stream hub work failed")
+
+    def join(self, follower: Follower) -> None:
+        self.selector.register(follower.sock, selectors.EVENT_READ, follower)
+        self.followers.setdefault(follower.follow.run_id, set()).add(follower)
+        follower.quiet_until = time.monotonic() + self.keepalive
+        self.flush(follower)
+        self.read(follower.follow.run_id)
+
+    def client_is_there(self, follower: Follower) -> bool:
+        """A readable follower socket: the client closed it (or sent something to ignore)."""
+        try:
+            return bool(follower.sock.recv(4096))
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+
+    def read(self, run_id: str) -> None:
+        group = self.followers.get(run_id)
+        if not group:
+            return
+        if run_id in self.reading:
+            self.again.add(run_id)
+            return
+        self.reading.add(run_id)
+        after = min(f.last for f in group)
+        needs_run = any(f.follow.needs_run for f in group)
+        self.pool.submit(self.fetch, run_id, after, needs_run)
+
+    def read_all(self, run_ids: Iterable[str]) -> None:
+        for run_id in list(run_ids):
+            self.read(run_id)
+
+    def fetch(self, run_id: str, after: int, needs_run: bool) -> None:
+        """On a reader thread: the run's events after `after` (and the run, once ended)."""
+        events: list[Event] | None
+        run: Run | None = None
+        try:
+            events = self.runs.events(run_id, after, limit=READ_LIMIT)
+            if needs_run and any(e.type in TERMINAL_EVENTS for e in events):
+                run = self.runs.get(run_id)
+        except Exception as exc:  # SQL away: the next sweep reads again
+            log.warning("live stream read of run %s failed: %s", run_id, exc)
+            events = None
+        self.call(lambda: self.fetched(run_id, after, events, run))
+
+    def fetched(self, run_id: str, after: int, events: list[Event] | None, run: Run | None) -> None:
+        self.reading.discard(run_id)
+        if events:
+            self.deliver(run_id, after, events, run)
+        if run_id in self.again or (events is not None and len(events) >= READ_LIMIT):
+            self.again.discard(run_id)
+            self.read(run_id)
+
+    def deliver(self, run_id: str, after: int, events: list[Event], run: Run | None) -> None:
+        shared: dict[int, str] = {}
+        now = time.monotonic()
+        for follower in list(self.followers.get(run_id, ())):
+            if follower.last < after or follower.ending:
+                continue  # joined during the read: the read that follows serves it
+            for event in events:
+                if event.seq <= follower.last:
+                    continue
+                ends = event.type in TERMINAL_EVENTS
+                if ends and follower.follow.needs_run and run is None:
+                    self.again.add(run_id)  # joined after the read began: read the run too
+                    break
+                if follower.follow.shared:
+                    text = shared.get(event.seq)
+                    if text is None:
+                        text = shared[event.seq] = follower.follow.frames(event)
+                else:
+                    text = follower.follow.frames(event)
+                follower.queue(text)
+                follower.last = event.seq
+                if ends:
+                    follower.queue(follower.follow.closing(run))
+                    if follower.chunked:
+                        follower.out += LAST_CHUNK
+                    follower.ending = True
+                    break
+            follower.quiet_until = now + self.keepalive
+            self.flush(follower)
+
+    def flush(self, follower: Follower) -> None:
+        out = follower.out
+        while out:
+            try:
+                sent = follower.sock.send(out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.drop(follower)
+                return
+            del out[:sent]
+        if out and len(out) > MAX_BUFFERED:
+            log.info(
+                "live stream of run %s dropped: its client stopped reading", follower.follow.run_id
+            )
+            self.drop(follower)
+            return
+        if not out and follower.ending:
+            self.drop(follower)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if out else 0)
+        if self.selector.get_key(follower.sock).events != events:
+            self.selector.modify(follower.sock, events, follower)
+
+    def drop(self, follower: Follower) -> None:
+        """Close the connection and give the tenant's place back (once)."""
+        group = self.followers.get(follower.follow.run_id)
+        if group is None or follower not in group:
+            return
+        group.discard(follower)
+        if not group:
+            del self.followers[follower.follow.run_id]
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(follower.sock)
+        with contextlib.suppress(OSError):
+            follower.sock.close()
+        self.pool.submit(self.give_back, follower.place)
+
+    def sweep(self, now: float) -> None:
+        """Keep-alives for quiet streams, and a read of their runs in case a wake-up was lost."""
+        quiet: set[str] = set()
+        for run_id, group in list(self.followers.items()):
+            for follower in list(group):
+                if follower.quiet_until <= now and not follower.ending:
+                    follower.queue(KEEPALIVE)
+                    follower.quiet_until = now + self.keepalive
+                    quiet.add(run_id)
+                    self.flush(follower)
+        self.read_all(quiet)
+
+    def give_back(self, place: StreamPlace) -> None:
+        try:
+            self.places.give_back(place)
+        except Exception as exc:  # its lease runs out instead
+            log.warning("stream place of tenant %s not given back: %s", place.tenant_id, exc)
+
+    def renew(self, places: list[StreamPlace]) -> None:
+        try:
+            self.places.renew(places)
+        except Exception as exc:
+            log.warning("stream places not renewed: %s", exc)
