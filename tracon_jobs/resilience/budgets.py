@@ -121,7 +121,12 @@ class Verdict:
 class BudgetStore(Protocol):
     def open(self, root: str, seed: Totals) -> bool: ...
 
-    def gate(self, root: str, kind: Gate, limits: Limits, reserve: int = 0) -> Verdict: ...
+    def gate(
+        self, root: str, kind: Gate, limits: Limits, reserve: int = 0, seed: Totals | None = None
+    ) -> Verdict:
+        """Check (and reserve); with `seed`, a budget that does not exist is opened with it
+        first, as `open` would (a fresh tree's first gate: one call for both)."""
+        ...
 
     def spend(
         self, root: str, *, released: int, tokens: int, cost: Decimal, unknown_price: bool
@@ -141,18 +146,13 @@ class RedisBudgetStore:
         return f"{self.prefix}:budget:{{{root}}}"
 
     def open(self, root: str, seed: Totals) -> bool:
-        args = [
-            seed.tokens,
-            int(seed.cost * NANOS),
-            seed.children,
-            "1" if seed.unknown_price else "0",
-            seed.executed_ms,
-            BUDGET_TTL_MS,
-        ]
-        return bool(self.scripts("budget_open", [self.key(root)], args))
+        return bool(self.scripts("budget_open", [self.key(root)], _seed_args(seed)))
 
-    def gate(self, root: str, kind: Gate, limits: Limits, reserve: int = 0) -> Verdict:
-        reply = self.scripts("budget_gate", [self.key(root)], [kind, *limits.as_args(), reserve])
+    def gate(
+        self, root: str, kind: Gate, limits: Limits, reserve: int = 0, seed: Totals | None = None
+    ) -> Verdict:
+        args = [kind, *limits.as_args(), reserve, *(_seed_args(seed) if seed else [])]
+        reply = self.scripts("budget_gate", [self.key(root)], args)
         refused, tokens, reserved, cost, children, elapsed = reply
         text = refused.decode() if isinstance(refused, bytes) else str(refused)
         return Verdict(
@@ -173,6 +173,17 @@ class RedisBudgetStore:
     def exclude_wait(self, root: str, waited_ms: int) -> None:
         if waited_ms > 0:
             self.scripts("budget_exclude_wait", [self.key(root)], [waited_ms])
+
+
+def _seed_args(seed: Totals) -> list[int | str]:
+    return [
+        seed.tokens,
+        int(seed.cost * NANOS),
+        seed.children,
+        "1" if seed.unknown_price else "0",
+        seed.executed_ms,
+        BUDGET_TTL_MS,
+    ]
 
 
 class MemoryBudgetStore:
@@ -200,7 +211,11 @@ class MemoryBudgetStore:
             }
             return True
 
-    def gate(self, root: str, kind: Gate, limits: Limits, reserve: int = 0) -> Verdict:
+    def gate(
+        self, root: str, kind: Gate, limits: Limits, reserve: int = 0, seed: Totals | None = None
+    ) -> Verdict:
+        if seed is not None:
+            self.open(root, seed)
         with self._lock:
             tree = self._trees.get(root)
             if tree is None:

@@ -45,6 +45,7 @@ class TreeBudget:
     currency: str
     db: Database
     quota: TenantQuota | None = None  # the tenant's cost quota, checked at the same gates
+    seed: Totals | None = None  # a fresh tree's: its first gate opens the budget with it
 
     def refuse_model_call(
         self, messages: list[Message], max_output: int | None
@@ -74,6 +75,9 @@ class TreeBudget:
 
     def spent(self, *, released: int, tokens: int, cost: Decimal, unknown: bool) -> None:
         try:
+            if self.seed is not None:  # a spend before any gate: open the budget first
+                self.store.open(self.root, self.seed)
+                self.seed = None
             self.store.spend(
                 self.root, released=released, tokens=tokens, cost=cost, unknown_price=unknown
             )
@@ -92,7 +96,8 @@ class TreeBudget:
             if refusal is not None:
                 return refusal
         try:
-            verdict = self.store.gate(self.root, kind, self.limits, reserve)
+            verdict = self.store.gate(self.root, kind, self.limits, reserve, self.seed)
+            self.seed = None
             if verdict.lost:
                 log.warning("budget of tree %s was lost; rebuilding it from SQL", self.root)
                 self.store.open(self.root, seed_totals(self.db, self.root))
@@ -119,16 +124,15 @@ def open_budget(
     quotas: Quotas | None = None,
     own_quota: OwnQuota | None = None,
 ) -> TreeBudget:
+    quota = None if quotas is None else quotas.for_run(run.tenant_id, own_quota)
     fresh_root = run.id == run.root_run_id and run.continued_from_run_id is None
-    if fresh_root and run.fence == 1:
-        seed = Totals()
-    else:
-        seed = retry_outages(db, lambda: seed_totals(db, run.root_run_id), "seeding a budget")
+    if fresh_root and run.fence == 1:  # nothing spent yet: the first gate opens it
+        return TreeBudget(store, limits, run.root_run_id, currency, db, quota, seed=Totals())
+    seed = retry_outages(db, lambda: seed_totals(db, run.root_run_id), "seeding a budget")
     try:
         store.open(run.root_run_id, seed)
     except redis.RedisError as exc:
         log.warning("budget store unreachable when opening tree %s: %s", run.root_run_id, exc)
-    quota = None if quotas is None else quotas.for_run(run.tenant_id, own_quota)
     return TreeBudget(store, limits, run.root_run_id, currency, db, quota)
 
 

@@ -5,13 +5,21 @@
 -- ARGV[2] token limit (-1 none)   ARGV[3] cost limit nanos (-1 none)
 -- ARGV[4] duration limit ms (-1 none)   ARGV[5] run limit (-1 none)
 -- ARGV[6] tokens to reserve (model calls)
+-- ARGV[7..12] optional: a seed to open the budget with when it does not exist (tokens,
+--   cost nanos, children, unknown price '0'|'1', ms already executed, ttl ms), as
+--   budget_open does: a fresh tree's first gate opens it, one call instead of two
 -- Returns {refused limit name or '' ('?' when the budget is gone), tokens, reserved,
 --          cost_nanos, children, elapsed_ms}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local b = KEYS[1]
 if redis.call('EXISTS', b) == 0 then
-  return {'?', 0, 0, 0, 0, 0}  -- lost (a flushed Redis): the caller re-seeds it from SQL
+  if not ARGV[7] then
+    return {'?', 0, 0, 0, 0, 0}  -- lost (a flushed Redis): the caller re-seeds it from SQL
+  end
+  redis.call('HSET', b, 'tokens', ARGV[7], 'reserved', 0, 'cost_nanos', ARGV[8],
+    'children', ARGV[9], 'unknown_price', ARGV[10], 'started_ms', now - tonumber(ARGV[11]))
+  redis.call('PEXPIRE', b, tonumber(ARGV[12]))
 end
 local tokens = tonumber(redis.call('HGET', b, 'tokens') or '0')
 local reserved = tonumber(redis.call('HGET', b, 'reserved') or '0')
