@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, Response, json
+from flask import Flask, Response, json, request
 from sqlalchemy.exc import InterfaceError, OperationalError
 from werkzeug.exceptions import HTTPException
 
 PROBLEM_TYPE = "about:blank"
+OPENAI_PREFIX = "/v1/"
+"""Where errors take OpenAI's shape (`{"error": {...}}`) instead of problem+json."""
+OPENAI_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 class Problem(Exception):
@@ -78,9 +81,20 @@ def _sql_unavailable(exc: Exception) -> Response:
 
 def _http_exception(exc: HTTPException) -> Response:
     status = exc.code or 500
-    return Problem(
-        status, exc.name, exc.description or exc.name, headers=kept_headers(exc)
-    ).response()
+    detail = exc.description or exc.name
+    if request.path.startswith(OPENAI_PREFIX):  # no /v1 route matched: its own handler never ran
+        return _openai_error(status, detail, kept_headers(exc))
+    return Problem(status, exc.name, detail, headers=kept_headers(exc)).response()
+
+
+def _openai_error(status: int, message: str, headers: dict[str, str]) -> Response:
+    """A framework error (no such route, a method the route does not take) on a `/v1` path, in
+    OpenAI's error shape like every other `/v1` answer."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    error = {"message": message, "type": kind, "param": None, "code": OPENAI_CODES.get(status)}
+    response = Response(json.dumps({"error": error}), status=status, mimetype="application/json")
+    response.headers.update(headers)
+    return response
 
 
 def kept_headers(exc: HTTPException) -> dict[str, str]:
