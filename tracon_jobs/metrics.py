@@ -33,6 +33,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     values,
@@ -202,6 +203,25 @@ def slot_wait(provider: str, seconds: float, waited: bool) -> None:
             SLOT_WAITS.labels(provider).inc()
 
     _safely(record)
+
+
+LIVE_STREAMS = Gauge(
+    "tracon_live_streams",
+    "Live event streams open on this web node (each holds one of its tenant's places)",
+    multiprocess_mode="livesum",
+)
+LIVE_STREAMS_REFUSED = Counter(
+    "tracon_live_streams_refused",
+    "Live event streams refused with 429: the tenant held Web.MaxStreamsPerTenant already",
+)
+
+
+def live_stream(change: str) -> None:
+    """`opened`, `closed` or `refused`."""
+    if change == "refused":
+        _safely(LIVE_STREAMS_REFUSED.inc)
+    else:
+        _safely(LIVE_STREAMS.inc if change == "opened" else LIVE_STREAMS.dec)
 
 
 def lease_change(lease: str, change: str) -> None:

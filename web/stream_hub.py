@@ -162,6 +162,10 @@ class StreamHub:
                     next_renewal = now + RENEW_SECONDS
             except Exception:  # one bad follower or frame must not stop every stream
                 log.exception("stream hub iteration failed")
+        for group in list(self.followers.values()):
+            for follower in list(group):
+                self.drop(follower)
+        self.pool.shutdown(wait=False)
 
     def run_inbox(self) -> None:
         try:

@@ -19,6 +19,7 @@ from typing import Any
 
 from flask import Flask, Response, current_app, request
 
+from tracon_jobs import metrics
 from tracon_jobs.coordination.streams import StreamPlace, StreamPlaces
 from tracon_jobs.handoff import HANDOFF
 from web.auth import tenant_id
@@ -28,12 +29,25 @@ from web.sse import KEEPALIVE_SECONDS, Follow, followed, sse_response
 from web.stream_hub import StreamHub
 
 
+class CountedPlaces(StreamPlaces):
+    """Stream places, each taken, refused and given back one counted in `/metrics`."""
+
+    def take(self, tenant_id: str) -> StreamPlace | None:
+        place = super().take(tenant_id)
+        metrics.live_stream("refused" if place is None else "opened")
+        return place
+
+    def give_back(self, place: StreamPlace) -> None:
+        metrics.live_stream("closed")
+        super().give_back(place)
+
+
 def stream_places() -> StreamPlaces:
     app = current_app
     places: StreamPlaces | None = app.extensions.get("tracon_stream_places")
     if places is None:
         rt = runtime()
-        places = StreamPlaces(rt.redis, rt.settings.web.max_streams_per_tenant)
+        places = CountedPlaces(rt.redis, rt.settings.web.max_streams_per_tenant)
         app.extensions["tracon_stream_places"] = places
     return places
 

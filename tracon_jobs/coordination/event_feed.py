@@ -129,7 +129,9 @@ class RedisListener:
         while not self.closed.is_set():
             try:
                 self.listen_once()
-            except (redis.RedisError, OSError) as exc:
+            except Exception as exc:  # the connection, or its client closed under it
+                if self.closed.is_set():
+                    return
                 log.warning("event feed subscription lost (%s); subscribing again", exc)
             self.closed.wait(LISTEN_RETRY_SECONDS)
 

@@ -1,0 +1,120 @@
+"""The stream hub in one process, on real SQL and Redis, its followers on socket pairs: what
+a client reads is what the run wrote, in order; a quiet stream gets keep-alives; a client
+that goes away gives its tenant's place back at once; the cap counts across the cluster."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers import MakeRuntime, claim_run, scripted_agent
+from tracon_jobs.cli.supervisor import wait_until
+from tracon_jobs.coordination.streams import StreamPlaces
+from tracon_jobs.runs.lifecycle import RunStatus
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runtime import Runtime
+from web.sse import EventFrames
+from web.stream_hub import StreamHub
+
+
+@pytest.fixture
+def runtime(make_runtime: MakeRuntime, sql_url: str) -> Runtime:
+    return make_runtime(sql_url, **scripted_agent([{"Text": "ok"}]))
+
+
+@pytest.fixture
+def hub(runtime: Runtime) -> Iterator[StreamHub]:
+    hub = StreamHub(runtime.runs, runtime.feed, StreamPlaces(runtime.redis, 2), keepalive=0.3)
+    yield hub
+    hub.close()
+
+
+def new_run(runtime: Runtime, tenant: str = "acme") -> str:
+    tenant_id = runtime.tenants.ensure_tenant(tenant)
+    return runtime.runs.create(NewRun(tenant_id=tenant_id, agent="demo", input={})).id
+
+
+class Client:
+    """The client end of a followed connection: reads HTTP/1.1 chunks."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.settimeout(10)
+        self.raw = b""
+        self.ended = False
+
+    def read_until(self, predicate: object, timeout: float = 10) -> str:
+        deadline = time.monotonic() + timeout
+        while not (callable(predicate) and predicate(self.text())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(self.text())
+            data = self.sock.recv(65536)
+            if not data:
+                self.ended = True
+                break
+            self.raw += data
+        return self.text()
+
+    def text(self) -> str:
+        out, rest = b"", self.raw
+        while b"\r\n" in rest:
+            size_line, tail = rest.split(b"\r\n", 1)
+            size = int(size_line, 16)
+            if size == 0 or len(tail) < size + 2:
+                break
+            out, rest = out + tail[:size], tail[size + 2 :]
+        return out.decode()
+
+    def seqs(self) -> list[int]:
+        return [int(seq) for seq in re.findall(r"^id: (\d+)$", self.text(), flags=re.M)]
+
+
+def follow(hub: StreamHub, places: StreamPlaces, run_id: str, after: int = 0) -> Client:
+    ours, theirs = socket.socketpair()
+    place = places.take("acme")
+    assert place is not None
+    hub.adopt(ours, EventFrames(run_id), after, place, chunked=True)
+    return Client(theirs)
+
+
+def test_a_follower_reads_every_event_in_order_and_the_stream_ends_with_the_run(
+    runtime: Runtime, hub: StreamHub
+) -> None:
+    run_id = new_run(runtime)
+    first = follow(hub, hub.places, run_id)
+    first.read_until(lambda text: "RunQueued" in text)
+    claim = claim_run(runtime, run_id, "w1")
+    assert claim is not None
+    late = follow(hub, hub.places, run_id, after=1)  # resumes after RunQueued
+    for index in range(20):
+        runtime.runs.append(claim, "ModelCallCompleted", {"text": f"t{index}"})
+    runtime.runs.finish(claim, RunStatus.COMPLETED, output={"text": "ok"})
+
+    expected = [event.seq for event in runtime.runs.events(run_id)]
+    for client, wanted in ((first, expected), (late, expected[1:])):
+        client.read_until(lambda _text: False)  # to the end: the hub closes the connection
+        assert client.ended and client.raw.endswith(b"0\r\n\r\n")
+        assert client.seqs() == wanted
+    wait_until(lambda: hub.places.held("acme") == 0, timeout=5, what="places given back")
+
+
+def test_a_quiet_stream_gets_keepalives_and_a_client_that_leaves_frees_its_place(
+    runtime: Runtime, hub: StreamHub
+) -> None:
+    run_id = new_run(runtime)
+    client = follow(hub, hub.places, run_id)
+    second = follow(hub, hub.places, run_id)
+    assert hub.places.take("acme") is None  # the cap is 2, counted in Redis
+    client.read_until(lambda text: text.count(": keep-alive") >= 2, timeout=5)
+    assert hub.count() == 2
+
+    client.sock.close()
+    closed = time.monotonic()
+    wait_until(lambda: hub.places.held("acme") == 1, timeout=5, what="the place back")
+    assert time.monotonic() - closed < 1.0 and hub.count() == 1
+    second.sock.close()
+    wait_until(lambda: hub.count() == 0, timeout=5, what="the hub empty")
