@@ -118,10 +118,20 @@ class Database:
         SQLite takes one writer at a time, and its busy handler waits by sleeping (up to
         100 ms a try), so a hundred threads queued on the database's lock sleep through the
         moments it is free. A lock in the process hands the turn on at once; writers of
-        other processes still meet the busy timeout. Reentrant, so a nested write behaves as
-        it did without it.
+        other processes still meet the busy timeout. Reentrant, and waited for no longer
+        than the busy timeout, so a nested or stuck write fails as it did without it.
         """
-        return self._writer if self.is_sqlite else nullcontext()
+        return self._queued_writer() if self.is_sqlite else nullcontext()
+
+    @contextmanager
+    def _queued_writer(self) -> Iterator[None]:
+        writer = self._writer
+        acquired = writer.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+        try:
+            yield
+        finally:
+            if acquired:
+                writer.release()
 
     @contextmanager
     def read(self) -> Iterator[Session]:
