@@ -110,15 +110,13 @@ _CLAIM = (
 )
 _QUOTAS = cast(Table, TenantQuotaOverride.__table__)
 _OWN_QUOTA = _QUOTAS.c.tenant_id == RUNS.c.tenant_id
-_CLAIM_OPEN = (
-    _CLAIM.values(event_seq=RUNS.c.event_seq + 2)  # RunStarted and one more
-    # the tenant's own quota, which the run checks at its gates: no read of its own
-    .returning(
-        exists().where(_OWN_QUOTA).label("own_quota_found"),
-        select(_QUOTAS.c.period).where(_OWN_QUOTA).scalar_subquery().label("own_quota_period"),
-        select(_QUOTAS.c.cost_limit).where(_OWN_QUOTA).scalar_subquery().label("own_quota_limit"),
-    )
+# the tenant's own quota, which the run checks at its gates: no read of its own
+_CLAIM_WITH_QUOTA = _CLAIM.returning(
+    exists().where(_OWN_QUOTA).label("own_quota_found"),
+    select(_QUOTAS.c.period).where(_OWN_QUOTA).scalar_subquery().label("own_quota_period"),
+    select(_QUOTAS.c.cost_limit).where(_OWN_QUOTA).scalar_subquery().label("own_quota_limit"),
 )
+_CLAIM_OPEN = _CLAIM_WITH_QUOTA.values(event_seq=RUNS.c.event_seq + 2)  # RunStarted, one more
 _UNRESERVE = (
     update(RUNS)
     .where(RUNS.c.id == _param(RUNS.c.id), *_OWNED)
@@ -322,14 +320,19 @@ class RunStore:
         COMMIT) for both, and one wake-up of the followers. The claim reserves two sequence
         numbers; the claim's next fenced write through this store, or `settle`, commits it
         (a commit with `RunStarted` alone gives the second number back). Until then the row
-        is locked (SQLite: the database), so the same thread must write nothing that
-        bypasses this store: the executor settles first.
+        is locked, so the same thread must write nothing that bypasses this store: the
+        executor settles first.
+
+        SQLite commits the claim at once: its statements are calls, not round trips, and
+        its write lock is the whole database's, not to be held across Redis calls.
         """
+        hold = not self.db.is_sqlite
         params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params()}
         transaction = self.db.write()
         session = transaction.__enter__()
         try:
-            row = session.execute(_CLAIM_OPEN, params).one_or_none()
+            statement = _CLAIM_OPEN if hold else _CLAIM_WITH_QUOTA
+            row = session.execute(statement, params).one_or_none()
         except BaseException:
             transaction.__exit__(*sys.exc_info())
             raise
@@ -343,9 +346,15 @@ class RunStore:
             values.pop("own_quota_limit"),
         )
         run = _detached_run(values)
-        run.event_seq -= 1  # as it reads once settled with `RunStarted` alone
         claim = Claim(run_id=run_id, fence=run.fence, owner=owner)
         assert run.heartbeat_at is not None
+        if not hold:
+            self._open[run_id] = _OpenClaim(
+                claim, session, transaction, run.event_seq, run.heartbeat_at
+            )
+            self._commit_open(claim, None, reserved=False)
+            return claim, run, own_quota
+        run.event_seq -= 1  # as it reads once settled with `RunStarted` alone
         self._open[run_id] = _OpenClaim(
             claim, session, transaction, run.event_seq, run.heartbeat_at
         )
@@ -360,7 +369,9 @@ class RunStore:
         opened = None if claim is None else self._open.get(claim.run_id)
         return opened is not None and opened.claim == claim
 
-    def _commit_open(self, claim: Claim, second: tuple[str, dict[str, Any]] | None) -> Event:
+    def _commit_open(
+        self, claim: Claim, second: tuple[str, dict[str, Any]] | None, *, reserved: bool = True
+    ) -> Event:
         """`RunStarted`, and `second` in the reserved number, committed and published once."""
         opened = self._open.pop(claim.run_id)
         data = {"owner": claim.owner}
@@ -369,7 +380,7 @@ class RunStore:
             type_, data = second
             events.append(Event(claim.run_id, opened.started_seq + 1, type_, opened.at, data))
         try:
-            if second is None:
+            if second is None and reserved:
                 params = {"p_id": claim.run_id, "p_fence": claim.fence}
                 opened.session.execute(_UNRESERVE, params)
             _insert_events(opened.session, events)
