@@ -233,6 +233,46 @@ def test_the_provider_still_works_after_an_abort(
     assert provider.complete(request(), AbortSignal()).text == "after abort"
 
 
+def test_an_abort_cuts_only_its_own_call(stub: StubProvider, provider: OpenAIProvider) -> None:
+    # Given two calls of two threads in flight on one provider (one pool of connections)
+    stub.default = hang(1.0, reply("undisturbed"))
+    doomed = AbortSignal()
+    outcomes: dict[str, object] = {}
+
+    def call(name: str, signal: AbortSignal) -> None:
+        try:
+            outcomes[name] = provider.complete(request(), signal).text
+        except ProviderError as exc:
+            outcomes[name] = exc.kind
+
+    threads = [
+        threading.Thread(target=call, args=("doomed", doomed)),
+        threading.Thread(target=call, args=("other", AbortSignal())),
+    ]
+    for thread in threads:
+        thread.start()
+    assert _eventually(lambda: stub.in_progress == 2, timeout=10)
+
+    # When one of them is aborted
+    doomed.abort("cancelled")
+    for thread in threads:
+        thread.join(timeout=10)
+
+    # Then only that one ends cancelled; the other gets its answer
+    assert outcomes == {"doomed": "cancelled", "other": "undisturbed"}
+
+
+def test_an_aborted_signal_sends_nothing(stub: StubProvider, provider: OpenAIProvider) -> None:
+    signal = AbortSignal()
+    signal.abort("deadline")
+
+    raised = failure(provider, signal)
+
+    assert raised.kind == "cancelled"
+    assert "deadline" in str(raised)
+    assert stub.requests == []
+
+
 def test_concurrent_calls_share_one_provider(stub: StubProvider, provider: OpenAIProvider) -> None:
     stub.default = hang(0.5, reply("together"))
     texts: list[str | None] = []

@@ -1,9 +1,10 @@
-"""One asyncio event loop per process, on a daemon thread, for abortable provider calls.
+"""One asyncio event loop per process, on a daemon thread, for `async def` tools.
 
-A sync HTTP client blocked on a socket read cannot be woken from another thread, and Celery's
-`revoke(terminate=True)` does nothing on the threads pool. Running the call as a coroutine on
-a loop we own lets any thread cancel it through its `concurrent.futures.Future`: the
-cancellation reaches the coroutine at its next `await`, which closes the request at once.
+Celery's `revoke(terminate=True)` does nothing on the threads pool. Running an async tool as
+a coroutine on a loop we own lets any thread cancel it through its
+`concurrent.futures.Future`: the cancellation reaches the coroutine at its next `await`.
+Provider calls do not come here: they run on their caller's thread, abortable at the socket
+(`abortable_http.py`), so a call costs no hand-off between threads.
 
 The loop is created lazily and again after a fork, because a forked child inherits the
 loop object but not the thread that runs it.
@@ -12,16 +13,8 @@ loop object but not the thread that runs it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import os
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
-
-from tracon_jobs.abort import AbortSignal
-from tracon_jobs.errors import ProviderError
-
-T = TypeVar("T")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -62,36 +55,3 @@ def _start_loop() -> asyncio.AbstractEventLoop:
     threading.Thread(target=run, name="tracon-provider-loop", daemon=True).start()
     ready.wait()
     return loop
-
-
-def run_abortable(coro: Coroutine[Any, Any, T], signal: AbortSignal, *, provider: str) -> T:
-    """Run `coro` on the process loop and wait for it, cancelling it when `signal` fires.
-
-    Raises `ProviderError(kind="cancelled")` when the signal fired before the result was
-    ready, whatever the coroutine did on its way out.
-    """
-    future = asyncio.run_coroutine_threadsafe(coro, get_loop())
-
-    def cancel(_reason: str) -> None:
-        future.cancel()
-
-    unregister = signal.on_abort(cancel)
-    try:
-        return future.result()
-    except concurrent.futures.CancelledError:
-        raise _cancelled(signal, provider) from None
-    except Exception:
-        if signal.aborted:
-            raise _cancelled(signal, provider) from None
-        raise
-    finally:
-        unregister()
-
-
-def _cancelled(signal: AbortSignal, provider: str) -> ProviderError:
-    reason = signal.reason or "cancelled"
-    return ProviderError(
-        f"Call to provider '{provider}' cancelled ({reason})",
-        provider=provider,
-        kind="cancelled",
-    )

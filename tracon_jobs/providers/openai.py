@@ -1,23 +1,26 @@
 """OpenAIProvider: any OpenAI-compatible chat completions endpoint (OpenAI, vLLM, Ollama, ...).
 
-The call runs on `AsyncOpenAI` on the process loop (see `loop.py`) so that an abort cancels
-the request in flight instead of waiting for the socket. The SDK never retries
-(`max_retries=0`): whether and when to retry is the policies' decision, and they need to see
-every failure. SDK exceptions become `ProviderError` with a `status` or a `kind`, so nothing
-above this module knows which SDK raised them.
+The call runs on the caller's thread with the blocking `OpenAI` client, whose connections are
+abortable (`abortable_http.py`): an abort shuts the socket the call waits on, so the request
+ends at once instead of waiting for the socket. No event loop and no hand-off between threads
+per call: with a hundred runs in one worker process, every hand-off is a GIL switch and a
+wake-up, and they cost more than the call itself. The SDK never retries (`max_retries=0`):
+whether and when to retry is the policies' decision, and they need to see every failure. SDK
+exceptions become `ProviderError` with a `status` or a `kind`, so nothing above this module
+knows which SDK raised them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import os
+import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import openai
-from openai import AsyncOpenAI
+from openai import OpenAI
 from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
 from openai.types.chat.chat_completion_message_tool_call import (
     ChatCompletionMessageToolCallUnion,
@@ -26,13 +29,22 @@ from openai.types.completion_usage import CompletionUsage
 
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ContentBlockedError, ProviderError
+from tracon_jobs.providers.abortable_http import abortable, make_abortable
 from tracon_jobs.providers.base import ModelRequest, ModelResponse, ToolCall, Usage
-from tracon_jobs.providers.loop import get_loop, run_abortable
 
 # Local servers (vLLM, Ollama) ignore the key, but the SDK refuses to start without one.
 PLACEHOLDER_API_KEY = "not-needed"
 
-_CLOSE_TIMEOUT_SECONDS = 5.0
+_client_lock = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    """A lock held by another thread at the fork stays held in the child: replace it."""
+    global _client_lock
+    _client_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 class OpenAIProvider:
@@ -50,47 +62,54 @@ class OpenAIProvider:
         self._base_url = base_url or None
         self._api_key = api_key or PLACEHOLDER_API_KEY
         self._timeout_seconds = timeout_seconds
-        # Touched only on the loop thread, so it needs no lock.
-        self._client: AsyncOpenAI | None = None
+        self._client: OpenAI | None = None
         self._client_pid: int | None = None
 
     def complete(self, request: ModelRequest, signal: AbortSignal) -> ModelResponse:
+        """One chat completion; `ProviderError(kind="cancelled")` when `signal` fired first."""
+        if signal.aborted:
+            raise self._cancelled(signal)
+        client = self._client_here()
         try:
-            completion = run_abortable(self._create(request), signal, provider=self.name)
+            with abortable(signal):
+                completion = client.chat.completions.create(**completion_arguments(request))
         except openai.OpenAIError as exc:
+            if signal.aborted:
+                raise self._cancelled(signal) from None
             raise map_openai_error(self.name, exc) from exc
         return self._to_response(completion, request)
 
     def close(self) -> None:
-        """Close the client on the loop that owns its connections."""
-        if self._client is None or self._client_pid != os.getpid():
-            return
-        future = asyncio.run_coroutine_threadsafe(self._close_client(), get_loop())
-        future.result(timeout=_CLOSE_TIMEOUT_SECONDS)
-
-    async def _create(self, request: ModelRequest) -> ChatCompletion:
-        client = self._client_on_loop()
-        completion: ChatCompletion = await client.chat.completions.create(
-            **completion_arguments(request)
-        )
-        return completion
-
-    def _client_on_loop(self) -> AsyncOpenAI:
-        """The client of this process's loop; a forked child builds its own."""
-        if self._client is None or self._client_pid != os.getpid():
-            self._client = AsyncOpenAI(
-                api_key=self._api_key,
-                base_url=self._base_url,
-                timeout=self._timeout_seconds,
-                max_retries=0,
-            )
-            self._client_pid = os.getpid()
-        return self._client
-
-    async def _close_client(self) -> None:
+        """Close this process's client and its connections (a forked child's are its parent's)."""
         client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        if client is not None and self._client_pid == os.getpid():
+            client.close()
+
+    def _client_here(self) -> OpenAI:
+        """The client of this process, built on first use; a forked child builds its own,
+        because the connections in its copy of the pool belong to its parent."""
+        client = self._client
+        if client is not None and self._client_pid == os.getpid():
+            return client
+        with _client_lock:
+            client = self._client
+            if client is None or self._client_pid != os.getpid():
+                client = OpenAI(
+                    api_key=self._api_key,
+                    base_url=self._base_url,
+                    timeout=self._timeout_seconds,
+                    max_retries=0,
+                    http_client=make_abortable(openai.DefaultHttpxClient()),
+                )
+                self._client, self._client_pid = client, os.getpid()
+            return client
+
+    def _cancelled(self, signal: AbortSignal) -> ProviderError:
+        return ProviderError(
+            f"Call to provider '{self.name}' cancelled ({signal.reason or 'cancelled'})",
+            provider=self.name,
+            kind="cancelled",
+        )
 
     def _to_response(self, completion: ChatCompletion, request: ModelRequest) -> ModelResponse:
         if not completion.choices:
