@@ -12,6 +12,7 @@ time they record is read inside the statement (`StatementClock`), not in a round
 
 from __future__ import annotations
 
+import functools
 import sys
 import uuid
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.orm import Session, configure_mappers, make_transient_to_detached
-from sqlalchemy.sql.dml import Update
+from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from tracon_jobs.coordination.event_feed import EventFeed
@@ -868,11 +869,25 @@ def _insert_events(session: Session, events: Sequence[Event]) -> None:
         event = events[0]
         _insert_event(session, event.run_id, event.seq, event.type, event.at, event.data)
         return
+    params: dict[str, Any] = {}
+    for i, e in enumerate(events):
+        params.update({f"run_id_{i}": e.run_id, f"seq_{i}": e.seq, f"type_{i}": e.type})
+        params.update({f"at_{i}": e.at, f"data_{i}": e.data})
+    session.execute(_insert_many(len(events)), params)
+
+
+_EVENT_COLUMNS = ("run_id", "seq", "type", "at", "data")
+
+
+@functools.cache
+def _insert_many(count: int) -> Insert:
+    """The insert of `count` events, with bind parameters: built once per count, so the
+    compiled cache hits (literal rows would be compiled again on every call)."""
     rows = [
-        {"run_id": e.run_id, "seq": e.seq, "type": e.type, "at": e.at, "data": e.data}
-        for e in events
+        {name: bindparam(f"{name}_{i}", type_=EVENTS.c[name].type) for name in _EVENT_COLUMNS}
+        for i in range(count)
     ]
-    session.execute(insert(EVENTS).values(rows))
+    return insert(EVENTS).values(rows)
 
 
 def _insert_event(
