@@ -26,6 +26,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -205,23 +206,35 @@ def slot_wait(provider: str, seconds: float, waited: bool) -> None:
     _safely(record)
 
 
-LIVE_STREAMS = Gauge(
-    "tracon_live_streams",
-    "Live event streams open on this web node (each holds one of its tenant's places)",
-    multiprocess_mode="livesum",
-)
-LIVE_STREAMS_REFUSED = Counter(
-    "tracon_live_streams_refused",
-    "Live event streams refused with 429: the tenant held Web.MaxStreamsPerTenant already",
-)
+@cache
+def _live_streams() -> tuple[Gauge, Counter]:
+    """Created on first use: unlabelled, they would otherwise be made at import, before
+    `prepare_multiprocess_dir` turns multiprocess mode on, and stay out of `/metrics`."""
+    open_ = Gauge(
+        "tracon_live_streams",
+        "Live event streams open on this web node (each holds one of its tenant's places)",
+        multiprocess_mode="livesum",
+    )
+    refused = Counter(
+        "tracon_live_streams_refused",
+        "Live event streams refused with 429: the tenant held Web.MaxStreamsPerTenant already",
+    )
+    return open_, refused
 
 
 def live_stream(change: str) -> None:
     """`opened`, `closed` or `refused`."""
-    if change == "refused":
-        _safely(LIVE_STREAMS_REFUSED.inc)
-    else:
-        _safely(LIVE_STREAMS.inc if change == "opened" else LIVE_STREAMS.dec)
+
+    def record() -> None:
+        open_, refused = _live_streams()
+        if change == "refused":
+            refused.inc()
+        elif change == "opened":
+            open_.inc()
+        else:
+            open_.dec()
+
+    _safely(record)
 
 
 def lease_change(lease: str, change: str) -> None:
@@ -435,7 +448,8 @@ def prepare_multiprocess_dir(default: Path) -> Path:
     `PROMETHEUS_MULTIPROC_DIR` (else `default`), emptied of an earlier run's files.
 
     Call it before gunicorn forks. Values created later (every metric here has labels, so
-    each series is created on first use) go to per-process files that `/metrics` merges.
+    each series is created on first use, or is itself created on first use) go to
+    per-process files that `/metrics` merges.
     """
     path = Path(multiprocess_dir() or default)
     if path.exists():

@@ -146,6 +146,9 @@ def test_a_client_that_goes_away_gives_its_place_back_at_once(
     )
     assert started.status_code == 429
     assert run_count(runtime, "acme") == before
+    metrics = httpx.get(f"{base}/metrics", timeout=10).text
+    assert "tracon_live_streams 3.0" in metrics
+    assert "tracon_live_streams_refused_total 2.0" in metrics
     # Another tenant has places of its own
     other = tenant_key(runtime, "globex")
     other_run = submit(base, other)
