@@ -41,7 +41,8 @@ LOCAL_REDIS_EXAMPLE = "redis://127.0.0.1:6379/14"
 AGENT = "bench"
 RUN_PATH = f"/api/agents/{AGENT}/run"
 ASYNC = {"Prefer": "respond-async"}
-GOAL_RATIO = 0.6
+GOALS = {"sqlite": 0.45, "postgresql": 0.40}
+"""The ratio each database is held to; PostgreSQL's is lower for its network round trips."""
 WARMUP = 20
 STARTUP_TIMEOUT = 60.0
 RUN_POLL_SECONDS = 0.02
@@ -104,6 +105,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     args = parser.parse_args(argv)
     if min(args.runs, args.concurrency, args.worker_concurrency) < 1:
         parser.error("--runs, --concurrency and --worker-concurrency must be at least 1")
+    if args.database and sa.engine.make_url(args.database).get_backend_name() not in GOALS:
+        parser.error(f"--database: B1 has goals for {' and '.join(GOALS)} only")
     return Options(**vars(args))
 
 
@@ -452,14 +455,19 @@ def print_report(
         if row.problem:
             print(f"  FAILED {row.label}: {row.problem}")
     print()
-    print(f"  {ratio_line(tracon, baseline)}")
+    print(f"  {ratio_line(tracon, baseline, goal_for(database))}")
     print(f"  {latency_line(latencies)}")
 
 
-def ratio_line(tracon: Measurement, baseline: Measurement) -> str:
+def goal_for(database: str) -> float:
+    """The goal of the database's backend (`postgresql+psycopg://...` is PostgreSQL's)."""
+    return GOALS[sa.engine.make_url(database).get_backend_name()]
+
+
+def ratio_line(tracon: Measurement, baseline: Measurement, goal: float) -> str:
     ratio = tracon.per_second / baseline.per_second if baseline.per_second else 0.0
-    verdict = "met" if ratio >= GOAL_RATIO else "missed"
-    return f"ratio = tracon / celery = {ratio:.2f}   (goal >= {GOAL_RATIO:.2f}: {verdict})"
+    verdict = "met" if ratio >= goal else "missed"
+    return f"ratio = tracon / celery = {ratio:.2f}   (goal >= {goal:.2f}: {verdict})"
 
 
 def latency_line(latencies: list[float]) -> str:
