@@ -858,7 +858,7 @@ def workflow_paths(key: dict[str, Any]) -> dict[str, Any]:
             "post": _op(
                 "Answer the question a Waiting workflow run asked; a new run continues the chain"
                 " (409 when it waits for nothing)",
-                started,
+                {**started, **_api(429)},
                 parameters=[RUN_ID, PREFER, key],
                 requestBody=_body(_schema("Answer")),
             )
@@ -867,7 +867,7 @@ def workflow_paths(key: dict[str, Any]) -> dict[str, Any]:
             "post": _op(
                 "Resume a Failed workflow run from its latest checkpoint (409 for a live, waiting,"
                 " completed or already resumed run); a body is ignored",
-                started,
+                {**started, **_api(429)},
                 parameters=[RUN_ID, PREFER, key],
             )
         },
