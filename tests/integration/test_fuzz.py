@@ -228,6 +228,10 @@ SCHEMATHESIS_CONFIG: dict[str, Any] = {
             "parameters": {"path.id": {"dictionary": "runs", "probability": 0.5}},
         },
         {
+            "include-path-regex": "^/api/approvals/",
+            "parameters": {"path.id": {"dictionary": "approvals", "probability": 0.5}},
+        },
+        {
             "include-name": ["GET /api/runs", "GET /api/approvals"],
             "checks": {"positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "400"]}},
         },
@@ -239,16 +243,47 @@ SCHEMATHESIS_CONFIG: dict[str, Any] = {
 }
 """Where a schema-valid request may still be refused for a state the description cannot
 know: a `cursor` this API did not return (400), an `Idempotency-Key` it saw with another
-body (422). Half the generated agent names and run ids name ones that exist, so that the
-answers of real runs are checked too."""
+body (422). Half the generated agent names, run ids and approval ids name ones that exist, so
+that the answers about real runs and approvals are checked too."""
 
 
 @pytest.fixture
 def worked_app(make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker) -> Flask:
-    """An app whose runs execute (on threads), so that every stream and buffered answer ends."""
-    rt = make_runtime(sql_url, **scripted_agent([{"Text": "ok"}]))
+    """An app whose runs execute (on threads), so that every stream and buffered answer ends;
+    its agent `closer` calls a tool a person approves."""
+    sections = scripted_agent([{"Text": "ok"}])
+    sections["Providers"]["closing"] = {"Kind": "scripted", "Script": CLOSE_THEN_ANSWER}
+    sections["Agents"]["closer"] = {
+        "Instructions": "test agent",
+        "Model": {"provider": "closing", "model": "demo-model"},
+        "Tools": ["close_account"],
+    }
+    rt = make_runtime(sql_url, **sections)
     rt.send_runs_with(thread_worker.sender(rt))
     return create_app(rt, {"TESTING": True, "SSE_KEEPALIVE_SECONDS": 0.1})
+
+
+CLOSE_THEN_ANSWER = [
+    {"ToolCalls": [{"Name": "close_account", "Arguments": {"account": "acc-1"}}]},
+    {"Text": "Done."},
+]
+
+
+def seed_runs(client: FlaskClient, headers: dict[str, str]) -> tuple[str, str, str]:
+    """A completed run, and a run that waits for a person: (run id, run id, approval id)."""
+    done = client.post(
+        "/api/agents/demo/run",
+        json={"message": "hello"},
+        headers={**headers, "Idempotency-Key": "seed"},
+    )
+    waiting = client.post(
+        "/api/agents/closer/run",
+        json={"message": "close it"},
+        headers={**headers, "Idempotency-Key": "seed-waiting"},
+    )  # a buffered answer ends once the run waits for a person
+    assert done.status_code == 200 and waiting.status_code == 202, waiting.get_data(as_text=True)
+    [approval] = waiting.get_json()["pendingApprovals"]
+    return done.get_json()["id"], waiting.get_json()["id"], approval
 
 
 def test_schemathesis_finds_no_5xx_and_no_schema_violation(worked_app: Flask) -> None:
@@ -266,18 +301,14 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(worked_app: Flask) ->
     rt: Runtime = worked_app.extensions["tracon"]
     key = rt.tenants.issue_key(rt.tenants.ensure_tenant("acme")).secret
     headers = {"Authorization": f"Bearer {key}"}
-    seed = client.post(
-        "/api/agents/demo/run",
-        json={"message": "hello"},
-        headers={**headers, "Idempotency-Key": "seed"},
-    )
-    assert seed.status_code == 200, seed.get_data(as_text=True)
+    done, waiting, approval = seed_runs(client, headers)
     config = schemathesis.Config.from_dict(
         {
             **SCHEMATHESIS_CONFIG,
             "dictionaries": {
                 "agents": {"values": ["demo"]},
-                "runs": {"values": [seed.get_json()["id"]]},
+                "runs": {"values": [done, waiting]},
+                "approvals": {"values": [approval]},
             },
         }
     )
@@ -298,6 +329,9 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(worked_app: Flask) ->
 
 EXERCISED = [
     "POST /api/agents/{name}/run",
+    "GET /api/approvals/{id}",
+    "POST /api/approvals/{id}/decision",
+    "GET /api/runs/{id}/tool-calls",
     "GET /api/runs/{id}",
     "GET /api/runs/{id}/events",
     "GET /api/runs/{id}/tree",
