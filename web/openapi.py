@@ -184,6 +184,15 @@ CURSOR = _query(
 )
 
 
+EVENT_SEQ = {
+    "type": ["integer", "string"],
+    "description": "an event's sequence number, or empty",
+    "minimum": 0,
+    "maximum": MAX_EVENT_SEQ,
+    "maxLength": 0,
+}
+
+
 def idempotency_key(max_length: int, needs_async: bool = False) -> dict[str, Any]:
     description = "execute once; a repeat gets the stored 2xx with Idempotency-Replayed: true"
     if needs_async:
@@ -713,14 +722,15 @@ def run_paths(key: dict[str, Any]) -> dict[str, Any]:
                     RUN_ID,
                     _query(
                         "after",
-                        {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_SEQ},
-                        "start after this sequence number (Last-Event-ID wins)",
+                        EVENT_SEQ,
+                        "start after this sequence number (empty: from the start; ignored"
+                        " when Last-Event-ID is sent)",
                     ),
                     {
                         "name": "Last-Event-ID",
                         "in": "header",
-                        "description": "start after this sequence number",
-                        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_SEQ},
+                        "description": "start after this sequence number (empty: from the start)",
+                        "schema": EVENT_SEQ,
                     },
                 ],
             )
