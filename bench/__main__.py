@@ -90,7 +90,8 @@ def goals_in(lines: list[str]) -> list[tuple[str, str, str]]:
     for line in lines:
         match = GOAL_LINE.match(line)
         if match:
-            found.append((match["figure"].strip(), match["goal"].strip(), match["verdict"]))
+            figure, goal = (" ".join(match[part].split()) for part in ("figure", "goal"))
+            found.append((figure, goal, match["verdict"]))
     return found
 
 
