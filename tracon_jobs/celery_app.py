@@ -27,6 +27,7 @@ from kombu import Queue
 from sqlalchemy import select
 
 from tracon_jobs import logs, metrics
+from tracon_jobs.broker import transport_for
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, Tenant
 from tracon_jobs.runs.dispatch import EXECUTE_TASK, RUNS_QUEUE, label_runs_with
@@ -152,6 +153,7 @@ def create_celery(
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": 3600},
+        broker_transport=transport_for(settings.redis.url),  # one Redis client per channel
         timezone="UTC",
     )
     if describe is not None:
