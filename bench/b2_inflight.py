@@ -330,7 +330,8 @@ def start_baseline_worker(
         f"worker --pool threads -c {options.concurrency} --prefetch-multiplier 1 -E -Q {task.name}"
     )
     argv = [sys.executable, "-m", "celery", "-A", "bench.baseline_app", *worker.split()]
-    return children.start("baseline-worker", [*argv, "--loglevel", "INFO", "-n", "b2@%h"], env)
+    name = f"baseline-worker-{task.name.rsplit('.', 1)[-1]}"  # one log per measurement
+    return children.start(name, [*argv, "--loglevel", "INFO", "-n", "b2@%h"], env)
 
 
 def celery_counts(client: redis.Redis, baseline: Any) -> Counter[str]:
