@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import glob
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -185,11 +186,16 @@ class Monitor:
 
 
 def script_names() -> dict[str, str]:
-    """The SHA1 of every Lua script tracon loads -> its name, to tell EVALSHA calls apart."""
+    """The SHA1 of every Lua script tracon loads -> its name, to tell EVALSHA calls apart;
+    scripts run together in one call (`coordination.scripts.deferring`) as `a+b+c`."""
     from tracon_jobs.coordination import event_feed
-    from tracon_jobs.coordination.scripts import LUA
+    from tracon_jobs.coordination.scripts import LUA, composed_source
 
     sources = {path.stem: path.read_text() for path in LUA.glob("*.lua")}
+    names = sorted(sources)
+    for count in (2, 3):
+        for combo in itertools.product(names, repeat=count):
+            sources["+".join(combo)] = composed_source(combo)
     sources["event_publish"] = event_feed.PUBLISH_LUA
     return {hashlib.sha1(text.encode()).hexdigest(): name for name, text in sources.items()}
 
@@ -351,14 +357,15 @@ def _total(counts: Counter[tuple[str, str]], kind: str) -> int:
 
 def print_table(title: str, kinds: list[str], counts: Counter[tuple[str, str]], n: int) -> None:
     roles = [*ROLES, *sorted({role for role, _k in counts} - set(ROLES))]
-    print(f"  {title:<24}" + "".join(f"{role:>9}" for role in roles) + f"{'total':>9}")
+    width = max(24, *(len(kind) + 1 for kind in kinds))  # composed scripts have long names
+    print(f"  {title:<{width}}" + "".join(f"{role:>9}" for role in roles) + f"{'total':>9}")
     for kind in kinds:
         cells = "".join(f"{counts[(role, kind)] / n:>9.2f}" for role in roles)
-        print(f"  {kind:<24}{cells}{_total(counts, kind) / n:>9.2f}")
+        print(f"  {kind:<{width}}{cells}{_total(counts, kind) / n:>9.2f}")
     cells = "".join(
         f"{sum(v for (r, _k), v in counts.items() if r == role) / n:>9.2f}" for role in roles
     )
-    print(f"  {'all':<24}{cells}{sum(counts.values()) / n:>9.2f}\n")
+    print(f"  {'all':<{width}}{cells}{sum(counts.values()) / n:>9.2f}\n")
 
 
 def verdict(what: str, per_run: float, goal: int) -> str:

@@ -1,12 +1,27 @@
-"""Lua scripts shipped in `lua/`, loaded once per client and called by SHA."""
+"""Lua scripts shipped in `lua/`, loaded once per client and called by SHA.
+
+Calls whose reply nobody waits for (a spend) may be deferred inside `deferring()`: they
+run, in order, in one `EVALSHA` with the next call on the same client that needs its
+reply, or when the block ends. The scripts are composed into one program, each body a
+function of its own `KEYS` and `ARGV`, so each keeps its own semantics and the whole runs
+atomically. Keys of different hash slots in one script are fine on the one Redis server
+this project runs on (it does not support Redis Cluster).
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import redis
+
+log = logging.getLogger(__name__)
 
 LUA = Path(__file__).with_name("lua")
 
@@ -16,6 +31,74 @@ def source(name: str) -> str:
     return (LUA / f"{name}.lua").read_text()
 
 
+@cache
+def composed_source(names: tuple[str, ...]) -> str:
+    """One program running the named scripts in order; it returns their replies.
+
+    ARGV opens with each script's key and argument counts; a script's `nil` or `false`
+    reply comes back as `false` (a nil reply), so the table keeps its length.
+    """
+    parts = [f"-- composed: {' + '.join(names)}", "local scripts = {}"]
+    for i, name in enumerate(names, 1):
+        parts.append(f"scripts[{i}] = function(KEYS, ARGV)\n{source(name)}\nend")
+    parts.append(
+        "local function slice(t, from, count)\n"
+        "  local out = {}\n"
+        "  for i = 1, count do out[i] = t[from + i - 1] end\n"
+        "  return out\n"
+        "end\n"
+        "local replies = {}\n"
+        "local key_at, arg_at = 1, 2 * #scripts + 1\n"
+        "for i = 1, #scripts do\n"
+        "  local nkeys, nargs = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])\n"
+        "  local reply = scripts[i](slice(KEYS, key_at, nkeys), slice(ARGV, arg_at, nargs))\n"
+        "  if reply == nil then reply = false end\n"
+        "  replies[i] = reply\n"
+        "  key_at, arg_at = key_at + nkeys, arg_at + nargs\n"
+        "end\n"
+        "return replies"
+    )
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    keys: list[str]
+    args: list[Any]
+
+
+class _Deferred(threading.local):
+    def __init__(self) -> None:
+        self.depth = 0
+        self.calls: list[tuple[Scripts, Call]] = []
+
+
+_deferred = _Deferred()
+
+
+@contextmanager
+def deferring() -> Iterator[None]:
+    """Calls made with `reply=False` in this block (this thread) wait for the next call on
+    their client, or for the block's end, and run with it in one round trip."""
+    _deferred.depth += 1
+    try:
+        yield
+    finally:
+        _deferred.depth -= 1
+        if _deferred.depth == 0:
+            _flush_all()
+
+
+def _flush_all() -> None:
+    while _deferred.calls:
+        owner = _deferred.calls[0][0]
+        try:
+            owner.run_all(owner._take_deferred())
+        except redis.RedisError as exc:  # as each call alone would have been: not counted
+            log.warning("Redis unreachable; deferred scripts not run: %s", exc)
+
+
 class Scripts:
     """Registered scripts of one Redis client: one round trip per call (EVALSHA)."""
 
@@ -23,8 +106,38 @@ class Scripts:
         self.client = client
         self._scripts: dict[str, Any] = {}
 
-    def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts.get(name)
+    def __call__(self, name: str, keys: list[str], args: list[Any], *, reply: bool = True) -> Any:
+        """The script's reply; None for a call deferred (`reply=False` inside `deferring`)."""
+        call = Call(name, keys, args)
+        if not reply and _deferred.depth:
+            _deferred.calls.append((self, call))
+            return None
+        if _deferred.calls:
+            pending = self._take_deferred()
+            if pending:
+                return self.run_all([*pending, call])[-1]
+        return self._script(name, (name,))(keys=keys, args=args)
+
+    def run_all(self, calls: Sequence[Call]) -> list[Any]:
+        """Several scripts in one EVALSHA, atomically and in order: each one's reply."""
+        if len(calls) == 1:
+            only = calls[0]
+            return [self._script(only.name, (only.name,))(keys=only.keys, args=only.args)]
+        names = tuple(call.name for call in calls)
+        counts = [n for call in calls for n in (len(call.keys), len(call.args))]
+        keys = [key for call in calls for key in call.keys]
+        args = [*counts, *(arg for call in calls for arg in call.args)]
+        return list(self._script("+".join(names), names)(keys=keys, args=args))
+
+    def _take_deferred(self) -> list[Call]:
+        """The deferred calls on this client, in order; the others stay queued."""
+        mine = [call for owner, call in _deferred.calls if owner.client is self.client]
+        _deferred.calls[:] = [(o, c) for o, c in _deferred.calls if o.client is not self.client]
+        return mine
+
+    def _script(self, key: str, names: tuple[str, ...]) -> Any:
+        script = self._scripts.get(key)
         if script is None:
-            script = self._scripts[name] = self.client.register_script(source(name))
-        return script(keys=keys, args=args)
+            text = source(names[0]) if len(names) == 1 else composed_source(names)
+            script = self._scripts[key] = self.client.register_script(text)
+        return script

@@ -168,7 +168,7 @@ class RedisBudgetStore:
         self, root: str, *, released: int, tokens: int, cost: Decimal, unknown_price: bool
     ) -> None:
         args = [-released, tokens, int(cost * NANOS), "1" if unknown_price else "0"]
-        self.scripts("budget_spend", [self.key(root)], args)
+        self.scripts("budget_spend", [self.key(root)], args, reply=False)
 
     def exclude_wait(self, root: str, waited_ms: int) -> None:
         if waited_ms > 0:

@@ -95,8 +95,9 @@ class QuotaStore(Protocol):
         """Refused once what the counter has, plus `unseen`, reaches `limit`."""
         ...
 
-    def spend(self, tenant: str, windows: list[Window], amount: Decimal) -> int:
-        """Add `amount` to each window's counter that exists; how many did."""
+    def spend(self, tenant: str, windows: list[Window], amount: Decimal) -> int | None:
+        """Add `amount` to each window's counter that exists; how many did (None: not known
+        yet, the call was deferred to the next script, see `coordination.scripts.deferring`)."""
         ...
 
     def used(self, tenant: str, window: Window) -> Decimal | None:
@@ -123,9 +124,10 @@ class RedisQuotaStore:
         text = refused.decode() if isinstance(refused, bytes) else str(refused)
         return QuotaVerdict(text, from_nanos(int(used)))
 
-    def spend(self, tenant: str, windows: list[Window], amount: Decimal) -> int:
+    def spend(self, tenant: str, windows: list[Window], amount: Decimal) -> int | None:
         keys = [self.key(tenant, window) for window in windows]
-        return int(self.scripts("quota_spend", keys, [to_nanos(amount)]))
+        seen = self.scripts("quota_spend", keys, [to_nanos(amount)], reply=False)
+        return None if seen is None else int(seen)
 
     def used(self, tenant: str, window: Window) -> Decimal | None:
         value = self.client.get(self.key(tenant, window))

@@ -28,6 +28,7 @@ from typing import Any
 from tracon_jobs import logs, metrics
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
+from tracon_jobs.coordination.scripts import deferring
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import ConfigurationError, ProviderError, RunCanceled, RunTakenAway
@@ -462,8 +463,7 @@ class RunExecutor:
         except ProviderError as exc:
             ex.tree_budget().spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
             raise self._model_call_failed(ex, link, ticket, exc) from exc
-        self._report_circuit(ex, link.provider_name, self.breaker.success(ticket))
-        self._record_spend(ex, link, response, index, reserved)
+        self._record_spend(ex, link, response, index, reserved, ticket=ticket)
         if cache_key is not None and self.cache is not None:
             config = ex.agent.cache
             ttl_ms = int(config.ttl.total_seconds() * 1000)
@@ -521,7 +521,11 @@ class RunExecutor:
         reserved: int,
         *,
         cached: bool = False,
+        ticket: Ticket | None = None,
     ) -> None:
+        """Count the call's spend (tree budget, tenant quota) and, with the link's `ticket`,
+        record its success in the circuit: one Redis script for all three. Then the spend
+        goes to SQL, with the turn or with the run's final write."""
         pricing = self.settings.pricing
         amount, source = price_at(pricing, link.model, response.model, response.usage)
         if cached:  # nothing was spent: a known zero, whatever the model's price
@@ -536,12 +540,16 @@ class RunExecutor:
             float(amount),
             currency,
         )
-        ex.tree_budget().spent(
-            released=reserved,
-            tokens=response.usage.total_tokens,
-            cost=amount,
-            unknown=source == "Unknown",
-        )
+        with deferring():  # the spends wait for the circuit's record, in one round trip
+            ex.tree_budget().spent(
+                released=reserved,
+                tokens=response.usage.total_tokens,
+                cost=amount,
+                unknown=source == "Unknown",
+            )
+            change = None if ticket is None else self.breaker.success(ticket)
+        if ticket is not None:
+            self._report_circuit(ex, link.provider_name, change)
         spend = TurnSpend(
             model_id=link.model,  # the configured model of the link that answered
             input_tokens=response.usage.input_tokens,

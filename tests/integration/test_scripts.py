@@ -1,0 +1,114 @@
+"""Deferred script calls: they run with the next call that needs its reply, in one EVALSHA,
+each with the semantics it has alone (real Redis)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import redis
+
+from tracon_jobs.coordination.scripts import Call, Scripts, deferring
+from tracon_jobs.resilience.breaker import BreakerPolicy, RedisBreakerStore
+from tracon_jobs.resilience.budgets import RedisBudgetStore, Totals
+from tracon_jobs.resilience.quotas import RedisQuotaStore, window_of
+
+POLICY = BreakerPolicy(threshold=3, break_ms=1000, max_probes=1, probe_lease_ms=1000)
+
+
+class CountingRedis(redis.Redis):
+    """Counts the commands this client sends (a script's own commands are not sent)."""
+
+    sent: Counter[str]
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.sent[str(args[0]).upper()] += 1
+        return super().execute_command(*args, **options)
+
+
+@pytest.fixture
+def client(redis_client: redis.Redis, redis_url: str) -> CountingRedis:
+    counting = CountingRedis(connection_pool=redis.ConnectionPool.from_url(redis_url))
+    counting.sent = Counter()
+    return counting
+
+
+def test_spends_go_in_the_circuits_record_in_one_evalsha(client: CountingRedis) -> None:
+    # Given a tree budget and a tenant's day counter that exist, and an admitted call
+    budgets, quotas, breaker = (
+        RedisBudgetStore(client),
+        RedisQuotaStore(client),
+        RedisBreakerStore(client),
+    )
+    day = window_of("day")
+    budgets.open("root", Totals())
+    quotas.open("acme", day, Decimal(0), day.start)
+    assert breaker.admit("p", POLICY, "t1").allowed
+    breaker.record("p", POLICY, "t1", "failure")  # one failure, which a success resets
+
+    def spend_and_succeed() -> Any:
+        with deferring():
+            budgets.spend("root", released=0, tokens=7, cost=Decimal("0.5"), unknown_price=False)
+            assert quotas.spend("acme", [day], Decimal("0.5")) is None  # not run yet
+            return breaker.record("p", POLICY, "t1", "success")
+
+    spend_and_succeed()  # loads the composed script
+    client.sent.clear()
+
+    # When the spends are deferred and the circuit's record follows
+    change = spend_and_succeed()
+
+    # Then one round trip ran all three, each as it would alone
+    assert dict(client.sent) == {"EVALSHA": 1}
+    assert (change.before, change.after, change.failures) == ("closed", "closed", 0)
+    assert client.hget(budgets.key("root"), "tokens") == b"14"
+    assert quotas.used("acme", day) == Decimal("1")
+
+
+def test_deferred_calls_run_when_the_block_ends(client: CountingRedis) -> None:
+    budgets = RedisBudgetStore(client)
+    budgets.open("root", Totals())
+
+    def spend_twice() -> None:
+        with deferring():
+            budgets.spend("root", released=0, tokens=3, cost=Decimal(0), unknown_price=False)
+            budgets.spend("root", released=0, tokens=4, cost=Decimal(0), unknown_price=False)
+            assert client.hget(budgets.key("root"), "tokens") in (b"0", b"7")  # not yet run
+
+    spend_twice()  # loads the composed script
+    client.sent.clear()
+    spend_twice()
+
+    assert dict(client.sent) == {"HGET": 1, "EVALSHA": 1}
+    assert client.hget(budgets.key("root"), "tokens") == b"14"
+
+
+def test_outside_the_block_a_call_runs_at_once(client: CountingRedis) -> None:
+    quotas = RedisQuotaStore(client)
+    day = window_of("day")
+    quotas.open("acme", day, Decimal(0), day.start)
+
+    assert quotas.spend("acme", [day], Decimal("0.25")) == 1
+    assert quotas.used("acme", day) == Decimal("0.25")
+
+
+def test_each_script_gets_its_own_keys_and_arguments_and_nil_replies_keep_their_place(
+    client: CountingRedis,
+) -> None:
+    scripts = Scripts(client)
+    budgets = RedisBudgetStore(client)
+    budgets.open("b", Totals(tokens=1))
+    day = window_of("day")
+
+    # budget_spend on a lost tree replies nil; quota_spend counts the counters it found
+    replies = scripts.run_all(
+        [
+            Call("budget_spend", [budgets.key("gone")], [0, 5, 0, "0"]),
+            Call("budget_spend", [budgets.key("b")], [0, 5, 0, "0"]),
+            Call("quota_spend", [RedisQuotaStore(client).key("acme", day), "missing"], [10]),
+        ]
+    )
+
+    assert replies == [None, b"6", 0]
