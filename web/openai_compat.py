@@ -67,6 +67,12 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = Field(default=False, strict=True)
+
+
 class ChatRequest(BaseModel):
     """What we read of a chat completions request; other OpenAI fields are accepted."""
 
@@ -74,8 +80,8 @@ class ChatRequest(BaseModel):
 
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream: bool = Field(default=False, strict=True)
+    stream_options: StreamOptions | None = None
 
 
 class ResponsesRequest(BaseModel):
@@ -84,7 +90,7 @@ class ResponsesRequest(BaseModel):
     model: str = Field(min_length=1)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True)
 
 
 # -- routes ---------------------------------------------------------------------------
@@ -113,7 +119,7 @@ def chat_completions() -> Response | Answer:
     with place_for_stream(body.stream) as place:
         run = start_run(body.model, conversation(turns, "messages"))
     if body.stream:
-        usage = bool((body.stream_options or {}).get("include_usage"))
+        usage = body.stream_options is not None and body.stream_options.include_usage
         follow = ChatFrames(run, body.model, usage)
         return live_stream(follow, 0, place, Location=run_location(run.id))
     return answer(run, body.model, chat_completion)
@@ -163,14 +169,17 @@ def message_of(role: str, content: Any, where: str) -> dict[str, str]:
 
 
 def text_of(content: Any, where: str) -> str:
+    """A string, null, or a list of text parts (`{"type": "text", "text": str}`); else 400."""
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
-    for part in content if isinstance(content, list) else [content]:
-        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS:
-            raise bad_request(f"{where}.content: only text parts are supported", field=where)
-        texts.append(str(part.get("text", "")))
-    return "".join(texts)
+    if not isinstance(content, list) or not all(is_text_part(part) for part in content):
+        raise bad_request(f"{where}.content: only text parts are supported", field=where)
+    return "".join(part["text"] for part in content)
+
+
+def is_text_part(part: Any) -> bool:
+    kind = part.get("type") if isinstance(part, dict) else None
+    return isinstance(kind, str) and kind in TEXT_PARTS and isinstance(part.get("text"), str)
 
 
 def start_run(model: str, run_input: dict[str, Any]) -> Run:

@@ -193,6 +193,32 @@ def test_any_byte_body_is_answered_without_a_5xx(
     assert_answered(client.post(route, headers=headers, data=data), route)
 
 
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": []}]}]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user"}], "stream": "yes"}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user"}], "stream_options": {"include_usage": 1}},
+        ),
+        ("/v1/responses", {"input": [{"role": "user", "content": {"type": "text", "text": "x"}}]}),
+        ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
+        ("/v1/responses", {"input": "hi", "stream": 1}),
+    ],
+)
+def test_a_v1_body_the_description_forbids_is_a_400(
+    client: FlaskClient, key: str, route: str, body: dict[str, Any]
+) -> None:
+    """Content parts are `{"type": "text", "text": str}`; `stream` and `include_usage` are JSON
+    booleans (a list as a part's type was a 500; "yes" opened a stream)."""
+    headers = {"Authorization": f"Bearer {key}", "Prefer": "respond-async"}
+    response = client.post(route, json={"model": "demo", **body}, headers=headers)
+    assert response.status_code == 400, response.get_data(as_text=True)
+    assert response.get_json()["error"]["type"] == "invalid_request_error"
+
+
 KEYED = [
     "POST /api/agents/{name}/run",
     "POST /api/approvals/{id}/decision",
