@@ -294,16 +294,14 @@ def _complete_in_child(provider: OpenAIProvider, results: Queue[str | None]) -> 
     results.put(provider.complete(request(), AbortSignal()).text)
 
 
-def test_a_forked_child_gets_its_own_loop_and_client(
-    stub: StubProvider, provider: OpenAIProvider
-) -> None:
-    # Given a provider whose client already lives on the parent's loop thread
+def test_a_forked_child_gets_its_own_client(stub: StubProvider, provider: OpenAIProvider) -> None:
+    # Given a provider whose client already holds a connection of the parent
     stub.default = reply("from somewhere")
     provider.complete(request(), AbortSignal())
     context = multiprocessing.get_context("fork")
     results: Queue[str | None] = context.Queue()
 
-    # When a forked child (which has no loop thread) uses the same provider
+    # When a forked child (whose copy of that connection is its parent's) uses the provider
     child = context.Process(target=_complete_in_child, args=(provider, results))
     child.start()
     child.join(timeout=10)
@@ -311,7 +309,7 @@ def test_a_forked_child_gets_its_own_loop_and_client(
         child.kill()
         child.join()
 
-    # Then it answers through a loop and client of its own
+    # Then it answers through a client and a connection of its own
     assert child.exitcode == 0
     assert results.get(timeout=1) == "from somewhere"
     assert len(stub.requests) == 2
