@@ -723,8 +723,8 @@ def run_paths(key: dict[str, Any]) -> dict[str, Any]:
                     _query(
                         "after",
                         EVENT_SEQ,
-                        "start after this sequence number (empty: from the start; ignored"
-                        " when Last-Event-ID is sent)",
+                        "start after this sequence number (empty: from the start; Last-Event-ID"
+                        " wins)",
                     ),
                     {
                         "name": "Last-Event-ID",

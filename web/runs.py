@@ -198,14 +198,17 @@ def run_events(run_id: str) -> Response:
 
 
 def last_event_id() -> int:
-    """`Last-Event-ID`, else `?after=`, else 0: an event sequence number (400 naming it)."""
-    for field, raw in (
-        ("Last-Event-ID", request.headers.get("Last-Event-ID")),
-        ("after", request.args.get("after")),
-    ):
-        if raw:
-            return inputs.integer(raw, field, 0, MAX_EVENT_SEQ)
-    return 0
+    """`Last-Event-ID`, else `?after=`, else 0: an event sequence number. Each one sent is
+    checked (400 naming it), the one not used too; an empty one reads as none."""
+    sent = [
+        inputs.integer(raw, field, 0, MAX_EVENT_SEQ)
+        for field, raw in (
+            ("Last-Event-ID", request.headers.get("Last-Event-ID")),
+            ("after", request.args.get("after")),
+        )
+        if raw
+    ]
+    return sent[0] if sent else 0
 
 
 @bp.get("/runs/<run_id>/tree")
