@@ -326,7 +326,10 @@ class RunStore:
         executor settles first.
 
         SQLite commits the claim at once: its statements are calls, not round trips, and
-        its write lock is the whole database's, not to be held across Redis calls.
+        its write lock is the whole database's, not to be held across Redis calls. Its
+        `RunStarted` wakes no follower by itself, as on PostgreSQL: the executor's next
+        write (the first `ModelCallStarted`, or whatever ends or releases the run) does,
+        with its own later sequence number; a follower reads everything up to it from SQL.
         """
         hold = not self.db.is_sqlite
         params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params()}
@@ -354,7 +357,7 @@ class RunStore:
             self._open[run_id] = _OpenClaim(
                 claim, session, transaction, run.event_seq, run.heartbeat_at
             )
-            self._commit_open(claim, None, reserved=False)
+            self._commit_open(claim, None, reserved=False, publish=False)
             return claim, run, own_quota
         run.event_seq -= 1  # as it reads once settled with `RunStarted` alone
         self._open[run_id] = _OpenClaim(
@@ -372,7 +375,12 @@ class RunStore:
         return opened is not None and opened.claim == claim
 
     def _commit_open(
-        self, claim: Claim, second: tuple[str, dict[str, Any]] | None, *, reserved: bool = True
+        self,
+        claim: Claim,
+        second: tuple[str, dict[str, Any]] | None,
+        *,
+        reserved: bool = True,
+        publish: bool = True,
     ) -> Event:
         """`RunStarted`, and `second` in the reserved number, committed and published once."""
         opened = self._open.pop(claim.run_id)
@@ -390,7 +398,8 @@ class RunStore:
             opened.transaction.__exit__(*sys.exc_info())
             raise
         opened.transaction.__exit__(None, None, None)
-        self.publish(events[-1])
+        if publish:
+            self.publish(events[-1])
         return events[-1]
 
     @rides_out_outages
