@@ -9,8 +9,8 @@ cut that way fails its request and is dropped from the pool; the others are unto
 
 The call runs on the caller's own thread: no event loop and no hand-off between threads per
 call, which matters when a hundred runs share one process and one GIL. A connect in progress
-is interrupted where the OS allows it (Linux), else it ends at the client's connect timeout;
-every later wait ends at once.
+is interrupted where the OS allows it (Linux), else it ends at the client's connect timeout; a
+TLS handshake ends at its timeout; every later wait (the request, the answer) ends at once.
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ class AbortableStream(NetworkStream):
         timeout: float | None = None,
     ) -> NetworkStream:
         with _waiting(self._sock):
-            return AbortableStream(
-                self._inner.start_tls(ssl_context, server_hostname, timeout), self._sock
-            )
+            inner = self._inner.start_tls(ssl_context, server_hostname, timeout)
+        # wrapping detached the plain socket from its descriptor: cut the TLS socket's
+        return AbortableStream(inner, inner.get_extra_info("socket") or self._sock)
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
