@@ -23,9 +23,8 @@ from typing import Any
 
 import httpcore2
 import httpx2
-from httpcore2 import NetworkStream
-from httpcore2._backends.sync import SyncBackend, SyncStream
-from httpcore2._types import SOCKET_OPTION
+from httpcore2 import SOCKET_OPTION, NetworkStream, SyncBackend
+from httpcore2._backends.sync import SyncStream  # the blocking stream over one socket
 
 from tracon_jobs.abort import AbortSignal
 
