@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,12 +26,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 BENCHMARKS: tuple[str, ...] = (
     "b1_throughput",
+    "b1_throughput@postgresql",
     "b2_inflight",
     "b3_coordination",
     "b5_round_trips",
     "b6_streams",
 )
-"""Run in this order; add a module's name here and `make bench` runs it."""
+"""Run in this order; add a module's name here and `make bench` runs it. `name@postgresql`
+runs it with `--database` on a scratch database of the PostgreSQL server that
+`TRACON_BENCH_POSTGRES` names (default: the local one), skipped when none answers."""
+
+POSTGRES_ADMIN = os.environ.get(
+    "TRACON_BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 
 GOAL_LINE = re.compile(
     r"^\s*(?P<figure>.*?)[\s(:]*\bgoal\s+(?P<goal>.+?):\s*(?P<verdict>met|missed)\)?\s*$"
@@ -58,13 +68,51 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_one(name: str) -> Outcome:
-    module = f"bench.{name}"
+    base, _, variant = name.partition("@")
+    module = f"bench.{base}"
     if importlib.util.find_spec(module) is None:
-        print(f"== {name}: no module {module} (bench/{name}.py), skipped\n", flush=True)
+        print(f"== {name}: no module {module} (bench/{base}.py), skipped\n", flush=True)
         return Outcome(name, "missing")
-    print(f"== {name}: python -m {module}", flush=True)
+    with ExitStack() as cleanup:
+        extra: list[str] = []
+        if variant == "postgresql":
+            database = scratch_database(cleanup)
+            if database is None:
+                print(f"== {name}: no PostgreSQL answers at {POSTGRES_ADMIN}, skipped\n")
+                return Outcome(name, "missing")
+            extra = ["--database", database]
+        elif variant:
+            raise SystemExit(f"unknown variant '{variant}' of {base} (known: postgresql)")
+        return run_module(name, module, extra)
+
+
+def scratch_database(cleanup: ExitStack) -> str | None:
+    """A fresh database on the PostgreSQL server, dropped when `cleanup` closes."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(POSTGRES_ADMIN, isolation_level="AUTOCOMMIT")
+    name = f"tracon_bench_{uuid.uuid4().hex[:8]}"
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError:
+        engine.dispose()
+        return None
+
+    def drop() -> None:
+        with engine.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        engine.dispose()
+
+    cleanup.callback(drop)
+    url = sa.engine.make_url(POSTGRES_ADMIN).set(database=name)
+    return url.render_as_string(hide_password=False)
+
+
+def run_module(name: str, module: str, extra: list[str]) -> Outcome:
+    print(f"== {name}: python -m {module} {' '.join(extra)}".rstrip(), flush=True)
     started = time.monotonic()
-    lines = stream([sys.executable, "-m", module])
+    lines = stream([sys.executable, "-m", module, *extra])
     code = lines.pop()
     seconds = time.monotonic() - started
     status = "ok" if code == "0" else f"failed (exit {code})"
