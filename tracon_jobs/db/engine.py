@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, bindparam, create_engine, event, text
+from sqlalchemy import Connection, DateTime, Engine, bindparam, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.ext.compiler import compiles
@@ -92,6 +92,7 @@ class Database:
         self._engine: Engine | None = None
         self._write: sessionmaker[Session] | None = None
         self._read: sessionmaker[Session] | None = None
+        self._autocommit: Engine | None = None
         self._writer = threading.RLock()  # SQLite: see `_one_writer`
 
     @property
@@ -132,6 +133,16 @@ class Database:
         finally:
             if acquired:
                 writer.release()
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """PostgreSQL: a connection whose every statement commits as it runs, for a write
+        that is one statement (atomic on its own): no BEGIN and COMMIT round trips."""
+        assert not self.is_sqlite, "SQLite writes take BEGIN IMMEDIATE (`write`)"
+        self._ensure_engine()
+        assert self._autocommit is not None
+        with self._autocommit.connect() as connection:
+            yield connection
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -176,6 +187,7 @@ class Database:
             self._engine = engine
             self._write = sessionmaker(engine, expire_on_commit=False)
             self._read = sessionmaker(self._read_engine(engine), expire_on_commit=False)
+            self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
             self._writer = threading.RLock()  # one a fork left held would never be released
             self._pid = os.getpid()
 

@@ -8,6 +8,11 @@ The executor's writes (claim, append, spend, turn, close) are Core statements bu
 import, with bind parameters: per call only the parameters change, so SQLAlchemy neither
 rebuilds them nor takes the ORM's bulk-update path, and its compiled cache always hits. The
 time they record is read inside the statement (`StatementClock`), not in a round trip first.
+
+On PostgreSQL a new run (the row and its `RunQueued`) and a run's final write (the fenced
+`UPDATE` and its events) are each one statement, `WITH ... AS (INSERT/UPDATE ... RETURNING)
+INSERT INTO run_events SELECT ...`, committed as it runs: atomic as a transaction would be,
+without the BEGIN and COMMIT round trips, and no event is written when the guard fails.
 """
 
 from __future__ import annotations
@@ -32,13 +37,15 @@ from sqlalchemy import (
     func,
     insert,
     inspect,
+    literal,
     or_,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.orm import Session, configure_mappers, make_transient_to_detached
-from sqlalchemy.sql.dml import Update
+from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.elements import BindParameter, ColumnElement, TextClause
 
 from tracon_jobs.coordination.event_feed import EventFeed
@@ -110,6 +117,36 @@ _CLAIM = (
     )
     .returning(*RUNS.c)
 )
+_NEW_ROW_COLUMNS = (
+    "id", "tenant_id", "agent", "kind", "status", "input", "parameters", "session_id",
+    "parent_run_id", "root_run_id", "depth", "continued_from_run_id", "attempt",
+    "turns_completed", "input_tokens", "output_tokens", "cost_amount", "cost_currency",
+    "cost_source", "fence", "event_seq", "enqueue_count", "waited_ms", "resumable",
+)  # fmt: skip
+_NEW_RUN = (
+    insert(RUNS)
+    .values({name: _param(RUNS.c[name]) for name in _NEW_ROW_COLUMNS})
+    .values(created_at=_NOW, enqueued_at=_NOW)
+    .returning(RUNS.c.id, RUNS.c.created_at)
+    .cte("new_run")
+)
+# PostgreSQL: the row and its `RunQueued` in one statement (`WITH new_run AS (INSERT ...)
+# INSERT INTO run_events SELECT ... FROM new_run`), committed as it runs
+_CREATE_QUEUED = (
+    insert(EVENTS)
+    .from_select(
+        ["run_id", "seq", "type", "at", "data"],
+        select(
+            _NEW_RUN.c.id,
+            literal(1),
+            literal("RunQueued"),
+            _NEW_RUN.c.created_at,
+            bindparam("p_data", type_=EVENTS.c.data.type),
+        ),
+    )
+    .returning(EVENTS.c.at)
+    .add_cte(_NEW_RUN, nest_here=True)
+)
 _QUOTAS = cast(Table, TenantQuotaOverride.__table__)
 _OWN_QUOTA = _QUOTAS.c.tenant_id == RUNS.c.tenant_id
 # the tenant's own quota, which the run checks at its gates: no read of its own
@@ -149,13 +186,45 @@ _CLOSE = (
         model_attempts=_param(RUNS.c.model_attempts),
         event_seq=RUNS.c.event_seq + 1,
     )
-    .returning(RUNS.c.event_seq, _NOW)
+    .returning(RUNS.c.event_seq, _NOW.label("at"))
 )
 _CLOSE_FENCED = _CLOSE.where(RUNS.c.fence == _param(RUNS.c.fence))
 _CLOSE_SPEND = _CLOSE_FENCED.values(
     event_seq=RUNS.c.event_seq + 2,  # the spend's `ModelCallCompleted`, then the terminal one
     **_SPEND,
 )
+
+
+def _with_events(guarded: Update, count: int) -> Insert:
+    """PostgreSQL: `guarded` (an `UPDATE ... RETURNING event_seq, at` that handed out `count`
+    sequence numbers) and the insert of its `count` events in one statement; no row comes
+    back when the guard stopped the update. Event `i` takes bind parameters `p_type_i` and
+    `p_data_i`."""
+    changed = guarded.cte("changed")
+    rows = [
+        select(
+            bindparam("p_id", type_=EVENTS.c.run_id.type),
+            changed.c.event_seq - (count - 1 - i),
+            bindparam(f"p_type_{i}", type_=EVENTS.c.type.type),
+            changed.c.at,
+            bindparam(f"p_data_{i}", type_=EVENTS.c.data.type),
+        )
+        for i in range(count)
+    ]
+    source = rows[0] if count == 1 else union_all(*rows)
+    return (
+        insert(EVENTS)
+        .from_select(["run_id", "seq", "type", "at", "data"], source)
+        .returning(EVENTS.c.seq, EVENTS.c.at)
+        .add_cte(changed, nest_here=True)
+    )
+
+
+_CLOSE_IN_ONE = {
+    id(_CLOSE): _with_events(_CLOSE, 1),
+    id(_CLOSE_FENCED): _with_events(_CLOSE_FENCED, 1),
+    id(_CLOSE_SPEND): _with_events(_CLOSE_SPEND, 2),
+}
 
 
 @dataclass(frozen=True)
@@ -231,38 +300,22 @@ class RunStore:
 
         Nothing is published: no tail can be waiting on the feed of a run that did not
         exist, and a tail reads SQL before it first waits, so it finds `RunQueued` there."""
-        with self.db.write() as session:
-            run, _event = self.create_in(session, new)
-        return run
+        if self.db.is_sqlite:
+            with self.db.write() as session:
+                run, _event = self.create_in(session, new)
+            return run
+        row = _new_row(new)  # PostgreSQL: the row and its event in one statement
+        params = {f"p_{key}": value for key, value in row.items()}
+        with self.db.autocommit() as connection:
+            now = connection.execute(
+                _CREATE_QUEUED, {**params, "p_data": {"agent": new.agent}}
+            ).scalar_one()
+        row.update(created_at=now, enqueued_at=now)
+        return _detached_run(row)
 
     def create_in(self, session: Session, new: NewRun) -> tuple[Run, Event]:
         """`create` inside a transaction of the caller's; the caller publishes the event."""
-        row: dict[str, Any] = dict(
-            id=new.id,
-            tenant_id=new.tenant_id,
-            agent=new.agent,
-            kind=new.kind,
-            status=RunStatus.QUEUED.value,
-            input=new.input,
-            parameters=new.parameters,
-            session_id=new.session_id,
-            parent_run_id=new.parent_run_id,
-            root_run_id=new.root_run_id or new.id,
-            depth=new.depth,
-            continued_from_run_id=new.continued_from_run_id,
-            attempt=new.attempt,
-            turns_completed=0,
-            input_tokens=0,
-            output_tokens=0,
-            cost_amount=Decimal(0),
-            cost_currency=new.currency,
-            cost_source="Configured",
-            fence=0,
-            event_seq=1,
-            enqueue_count=1,
-            waited_ms=0,
-            resumable=new.resumable,
-        )
+        row = _new_row(new)
         now = session.execute(_CREATE, {**row, **self.db.clock_params()}).scalar_one()
         _insert_event(session, new.id, 1, "RunQueued", now, {"agent": new.agent})
         row.update(created_at=now, enqueued_at=now)
@@ -572,21 +625,32 @@ class RunStore:
             **self.db.clock_params(),
             **(_spend_params(spend[0]) if spend else {}),
         }
-        with self.db.write() as session:
-            row = session.execute(statement, params).one_or_none()
-            if row is None:
+        data: dict[str, Any] = {"status": status.value}
+        if output is not None:
+            data["output"] = output
+        if error is not None:
+            data["error"] = error.as_json()
+        typed = [(TERMINAL_EVENT[status], data)]
+        if spend is not None:
+            typed.insert(0, ("ModelCallCompleted", spend[1]))
+        in_one = None if self.db.is_sqlite or extra_guard else _CLOSE_IN_ONE[id(statement)]
+        if in_one is not None:  # PostgreSQL: the write and its events in one statement
+            for i, (type_, event_data) in enumerate(typed):
+                params.update({f"p_type_{i}": type_, f"p_data_{i}": event_data})
+            with self.db.autocommit() as connection:
+                rows = connection.execute(in_one, params).all()
+            if not rows:
                 return None
-            seq, now = row
-            data: dict[str, Any] = {"status": status.value}
-            if output is not None:
-                data["output"] = output
-            if error is not None:
-                data["error"] = error.as_json()
-            events = [Event(run_id, seq, TERMINAL_EVENT[status], now, data)]
-            if spend is not None:
-                events.insert(0, Event(run_id, seq - 1, "ModelCallCompleted", now, spend[1]))
-            _insert_events(session, events)
-        return self.publish(events[-1])
+            seq, now = max(rows)
+        else:
+            with self.db.write() as session:
+                row = session.execute(statement, params).one_or_none()
+                if row is None:
+                    return None
+                seq, now = row
+                events = _numbered(run_id, seq, now, typed)
+                _insert_events(session, events)
+        return self.publish(_numbered(run_id, seq, now, typed)[-1])
 
     # -- liveness, cancellation, reconciliation ----------------------------------------
 
@@ -861,6 +925,44 @@ class _OpenClaim:
     transaction: AbstractContextManager[Session]
     started_seq: int  # `RunStarted`'s; the next one is reserved
     at: datetime
+
+
+def _numbered(
+    run_id: str, last: int, at: datetime, typed: Sequence[tuple[str, dict[str, Any]]]
+) -> list[Event]:
+    """Events given by (type, data), numbered up to `last`."""
+    first = last - len(typed) + 1
+    return [Event(run_id, first + i, type_, at, data) for i, (type_, data) in enumerate(typed)]
+
+
+def _new_row(new: NewRun) -> dict[str, Any]:
+    """The columns of a new `Queued` run (its times are the statement's)."""
+    return dict(
+        id=new.id,
+        tenant_id=new.tenant_id,
+        agent=new.agent,
+        kind=new.kind,
+        status=RunStatus.QUEUED.value,
+        input=new.input,
+        parameters=new.parameters,
+        session_id=new.session_id,
+        parent_run_id=new.parent_run_id,
+        root_run_id=new.root_run_id or new.id,
+        depth=new.depth,
+        continued_from_run_id=new.continued_from_run_id,
+        attempt=new.attempt,
+        turns_completed=0,
+        input_tokens=0,
+        output_tokens=0,
+        cost_amount=Decimal(0),
+        cost_currency=new.currency,
+        cost_source="Configured",
+        fence=0,
+        event_seq=1,
+        enqueue_count=1,
+        waited_ms=0,
+        resumable=new.resumable,
+    )
 
 
 def _spend_params(spend: TurnSpend) -> dict[str, Any]:
