@@ -188,6 +188,7 @@ class Monitor:
 def script_names() -> dict[str, str]:
     """The SHA1 of every Lua script tracon loads -> its name, to tell EVALSHA calls apart;
     scripts run together in one call (`coordination.scripts.deferring`) as `a+b+c`."""
+    from tracon_jobs import broker
     from tracon_jobs.coordination import event_feed
     from tracon_jobs.coordination.scripts import LUA, composed_source
 
@@ -197,6 +198,8 @@ def script_names() -> dict[str, str]:
         for combo in itertools.product(names, repeat=count):
             sources["+".join(combo)] = composed_source(combo)
     sources["event_publish"] = event_feed.PUBLISH_LUA
+    sources["kombu_delivered"] = broker.DELIVERED_LUA  # kombu's ack emulation, as scripts
+    sources["kombu_acked"] = broker.ACKED_LUA
     return {hashlib.sha1(text.encode()).hexdigest(): name for name, text in sources.items()}
 
 
