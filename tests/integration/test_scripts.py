@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from tracon_jobs.coordination.scripts import Call, Scripts, deferring
+from tracon_jobs.embedded_redis import free_port
 from tracon_jobs.resilience.breaker import BreakerPolicy, RedisBreakerStore
 from tracon_jobs.resilience.budgets import RedisBudgetStore, Totals
 from tracon_jobs.resilience.quotas import RedisQuotaStore, window_of
@@ -112,3 +113,19 @@ def test_each_script_gets_its_own_keys_and_arguments_and_nil_replies_keep_their_
     )
 
     assert replies == [None, b"6", 0]
+
+
+def test_a_failed_round_trip_says_which_deferred_scripts_it_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given stores on a Redis that does not answer
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    budgets, breaker = RedisBudgetStore(dead), RedisBreakerStore(dead)
+
+    # When a deferred spend goes with a record that fails
+    with deferring(), pytest.raises(redis.ConnectionError):
+        budgets.spend("root", released=0, tokens=1, cost=Decimal(0), unknown_price=False)
+        breaker.record("p", POLICY, "t1", "success")
+
+    # Then the caller sees its own failure, and the log names what went with it
+    assert "deferred scripts not run (budget_spend)" in caplog.text

@@ -115,7 +115,12 @@ class Scripts:
         if _deferred.calls:
             pending = self._take_deferred()
             if pending:
-                return self.run_all([*pending, call])[-1]
+                try:
+                    return self.run_all([*pending, call])[-1]
+                except redis.RedisError as exc:  # the caller handles its own call's failure
+                    names = ", ".join(deferred.name for deferred in pending)
+                    log.warning("Redis unreachable; deferred scripts not run (%s): %s", names, exc)
+                    raise
         return self._script(name, (name,))(keys=keys, args=args)
 
     def run_all(self, calls: Sequence[Call]) -> list[Any]:
