@@ -12,11 +12,9 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -30,13 +28,12 @@ import httpx
 import redis
 import sqlalchemy as sa
 
-from tracon_jobs.cli.supervisor import Supervisor, wait_until
+from bench.harness import CLI, ROOT, STARTUP_TIMEOUT, run_benchmark, start_web
+from tracon_jobs.cli.supervisor import Supervisor
 from tracon_jobs.db.engine import normalize_url
 from tracon_jobs.db.models import Run
-from tracon_jobs.embedded_redis import answers, free_port, start_embedded
+from tracon_jobs.embedded_redis import answers, start_embedded
 
-ROOT = Path(__file__).resolve().parent.parent
-CLI = (sys.executable, "-m", "tracon_jobs.cli")
 LOCAL_REDIS_EXAMPLE = "redis://127.0.0.1:6379/14"
 AGENT = "bench"
 RUN_PATH = f"/api/agents/{AGENT}/run"
@@ -44,7 +41,6 @@ ASYNC = {"Prefer": "respond-async"}
 GOALS = {"sqlite": 0.45, "postgresql": 0.40}
 """The ratio each database is held to; PostgreSQL's is lower for its network round trips."""
 WARMUP = 20
-STARTUP_TIMEOUT = 60.0
 RUN_POLL_SECONDS = 0.02
 NOOP_POLL_SECONDS = 0.005
 ID_CHUNK = 500
@@ -115,25 +111,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="tracon-b1-"))
-    keep = options.keep
-    try:
-        with ExitStack() as cleanup:
-            children = Supervisor(cwd=ROOT, log_dir=workdir)
-            cleanup.callback(children.stop)
-            return benchmark(options, workdir, children, cleanup)
-    except KeyboardInterrupt:
-        print("b1: interrupted; every child process was stopped", file=sys.stderr)
-        return 130
-    except (RuntimeError, TimeoutError, OSError, httpx.HTTPError, redis.RedisError) as exc:
-        print(f"b1: {type(exc).__name__}: {exc}", file=sys.stderr)
-        keep = True  # the children's logs say why
-        return 1
-    finally:
-        if keep:
-            print(f"work dir and logs kept in {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+    return run_benchmark("b1", options.keep, lambda *context: benchmark(options, *context))
 
 
 def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: ExitStack) -> int:
@@ -261,25 +239,9 @@ def issue_api_key(env: dict[str, str]) -> str:
 
 
 def start_tracon(env: dict[str, str], children: Supervisor) -> str:
-    port = free_port()
-    bind = f"127.0.0.1:{port}"
-    children.start("web", [*CLI, "web", "--bind", bind, "--workers", "2", "--threads", "32"], env)
+    base_url = start_web(children, env, workers=2, threads=32)
     children.start("worker", [*CLI, "worker", "-n", "bench@%h"], env)
-    base_url = f"http://{bind}"
-    wait_until(
-        lambda: _healthy(base_url),
-        what="web /healthz",
-        timeout=STARTUP_TIMEOUT,
-        watch=children.running(),
-    )
     return base_url
-
-
-def _healthy(base_url: str) -> bool:
-    try:
-        return httpx.get(f"{base_url}/healthz", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def api_client(base_url: str, api_key: str) -> httpx.Client:

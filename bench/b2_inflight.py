@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -31,10 +29,8 @@ import redis
 import sqlalchemy as sa
 
 from bench.b1_throughput import (
-    CLI,
     ID_CHUNK,
     RUN_POLL_SECONDS,
-    STARTUP_TIMEOUT,
     TERMINAL,
     _chunks,
     _safe_url,
@@ -44,11 +40,11 @@ from bench.b1_throughput import (
     import_baseline,
 )
 from bench.b2_stub import MODEL, SlowModel
+from bench.harness import CLI, STARTUP_TIMEOUT, run_benchmark
 from tracon_jobs.cli.supervisor import Child, Supervisor, wait_until
 from tracon_jobs.db.engine import normalize_url
 from tracon_jobs.db.models import Run
 
-ROOT = Path(__file__).resolve().parent.parent
 AGENT = "bench"
 GOAL_RATIO = 1.2
 GOAL_IN_FLIGHT_SHARE = 0.95
@@ -117,25 +113,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="tracon-b2-"))
-    keep = options.keep
-    try:
-        with ExitStack() as cleanup:
-            children = Supervisor(cwd=ROOT, log_dir=workdir)
-            cleanup.callback(children.stop)
-            return benchmark(options, workdir, children, cleanup)
-    except KeyboardInterrupt:
-        print("b2: interrupted; every child process was stopped", file=sys.stderr)
-        return 130
-    except (RuntimeError, TimeoutError, OSError, redis.RedisError, sa.exc.SQLAlchemyError) as exc:
-        print(f"b2: {type(exc).__name__}: {exc}", file=sys.stderr)
-        keep = True  # the children's logs say why
-        return 1
-    finally:
-        if keep:
-            print(f"work dir and logs kept in {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+    return run_benchmark("b2", options.keep, lambda *context: benchmark(options, *context))
 
 
 def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: ExitStack) -> int:

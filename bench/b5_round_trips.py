@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -32,9 +31,7 @@ import httpx
 import redis
 
 from bench.b1_throughput import (
-    CLI,
     RunCounter,
-    _healthy,
     _shown,
     api_client,
     await_runs,
@@ -43,10 +40,10 @@ from bench.b1_throughput import (
     submit_runs,
     write_config,
 )
-from tracon_jobs.cli.supervisor import Supervisor, wait_until
+from bench.harness import CLI, run_benchmark, start_web
+from tracon_jobs.cli.supervisor import Supervisor
 from tracon_jobs.embedded_redis import free_port, start_embedded
 
-ROOT = Path(__file__).resolve().parent.parent
 GOAL_SQL = 12
 GOAL_REDIS = 15
 STARTUP_TIMEOUT = 60.0
@@ -247,28 +244,13 @@ class Counts:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="tracon-b5-"))
-    workdir.chmod(0o755)  # the database server's user must reach its directory
-    keep = options.keep
-    try:
-        with ExitStack() as cleanup:
-            children = Supervisor(cwd=ROOT, log_dir=workdir)
-            cleanup.callback(children.stop)
-            counts = benchmark(options, workdir, children, cleanup)
-        print_report(options, counts)
+
+    def body(workdir: Path, children: Supervisor, cleanup: ExitStack) -> int:
+        print_report(options, benchmark(options, workdir, children, cleanup))
         return 0
-    except KeyboardInterrupt:
-        print("b5: interrupted; every child process was stopped", file=sys.stderr)
-        return 130
-    except (RuntimeError, TimeoutError, OSError, httpx.HTTPError, redis.RedisError) as exc:
-        print(f"b5: {type(exc).__name__}: {exc}", file=sys.stderr)
-        keep = True
-        return 1
-    finally:
-        if keep:
-            print(f"work dir and logs kept in {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+
+    # the database server's user must reach its directory
+    return run_benchmark("b5", options.keep, body, mode=0o755)
 
 
 def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: ExitStack) -> Counts:
@@ -308,18 +290,10 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
 
 def start_processes(env: dict[str, str], url: str, children: Supervisor) -> str:
     """Web and worker, each naming itself to PostgreSQL so its statements are told apart."""
-    bind = f"127.0.0.1:{free_port()}"
     web = dict(env, TRACON_DATABASE_URL=f"{url}?application_name=web")
     worker = dict(env, TRACON_DATABASE_URL=f"{url}?application_name=worker")
-    children.start("web", [*CLI, "web", "--bind", bind, "--workers", "1", "--threads", "8"], web)
+    base_url = start_web(children, web, workers=1, threads=8)
     children.start("worker", [*CLI, "worker", "-n", "b5@%h"], worker)
-    base_url = f"http://{bind}"
-    wait_until(
-        lambda: _healthy(base_url),
-        what="web /healthz",
-        timeout=STARTUP_TIMEOUT,
-        watch=children.running(),
-    )
     return base_url
 
 

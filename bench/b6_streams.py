@@ -23,10 +23,8 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,9 +35,9 @@ from pathlib import Path
 import httpx
 import redis
 
-from bench.b1_throughput import CLI, ROOT, choose_redis, issue_api_key, tracon_env
-from tracon_jobs.cli.supervisor import Supervisor, wait_until
-from tracon_jobs.embedded_redis import free_port
+from bench.b1_throughput import choose_redis, issue_api_key, tracon_env
+from bench.harness import run_benchmark, start_web
+from tracon_jobs.cli.supervisor import Supervisor
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import Claim
 from tracon_jobs.runtime import Runtime
@@ -97,25 +95,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="tracon-b6-"))
-    keep = options.keep
-    try:
-        with ExitStack() as cleanup:
-            children = Supervisor(cwd=ROOT, log_dir=workdir)
-            cleanup.callback(children.stop)
-            return benchmark(options, workdir, children, cleanup)
-    except KeyboardInterrupt:
-        print("b6: interrupted; every child process was stopped", file=sys.stderr)
-        return 130
-    except (RuntimeError, TimeoutError, OSError, httpx.HTTPError, redis.RedisError) as exc:
-        print(f"b6: {type(exc).__name__}: {exc}", file=sys.stderr)
-        keep = True
-        return 1
-    finally:
-        if keep:
-            print(f"work dir and logs kept in {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+    return run_benchmark("b6", options.keep, lambda *context: benchmark(options, *context))
 
 
 def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: ExitStack) -> int:
@@ -125,7 +105,7 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
     config = write_config(workdir, options.followers)
     env = tracon_env(config, database, redis_url)
     api_key = issue_api_key(env)
-    base = start_web(env, children)
+    base = start_web(children, env, workers=2, threads=32)
     runtime = Runtime(load_settings(config, environ=env))
     cleanup.callback(runtime.close)
     headers = {"Authorization": f"Bearer {api_key}"}
@@ -159,21 +139,6 @@ def write_config(workdir: Path, followers: int) -> Path:
     path = workdir / "tracon.json"
     path.write_text(json.dumps({"Tracon": config}, indent=2))
     return path
-
-
-def start_web(env: dict[str, str], children: Supervisor) -> str:
-    bind = f"127.0.0.1:{free_port()}"
-    children.start("web", [*CLI, "web", "--bind", bind, "--workers", "2", "--threads", "32"], env)
-    base = f"http://{bind}"
-    wait_until(lambda: healthy(base), what="web /healthz", timeout=STARTUP_TIMEOUT)
-    return base
-
-
-def healthy(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def submit_runs(base: str, headers: dict[str, str], count: int) -> list[str]:
