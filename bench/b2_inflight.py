@@ -32,6 +32,7 @@ from bench.b1_throughput import (
     ID_CHUNK,
     RUN_POLL_SECONDS,
     TERMINAL,
+    RunCounter,
     _chunks,
     _safe_url,
     _shown,
@@ -42,7 +43,6 @@ from bench.b1_throughput import (
 from bench.b2_stub import MODEL, SlowModel
 from bench.harness import CLI, STARTUP_TIMEOUT, run_benchmark
 from tracon_jobs.cli.supervisor import Child, Supervisor, wait_until
-from tracon_jobs.db.engine import normalize_url
 from tracon_jobs.db.models import Run
 
 AGENT = "bench"
@@ -214,23 +214,8 @@ def queue_backlog(env: dict[str, str], count: int) -> list[str]:
         runtime.close()
 
 
-class RunSpans:
+class RunSpans(RunCounter):
     """Statuses and the span of a set of runs, straight from SQL."""
-
-    def __init__(self, url: str) -> None:
-        self.engine = sa.create_engine(normalize_url(url))
-
-    def statuses(self, ids: list[str]) -> Counter[str]:
-        counts: Counter[str] = Counter()
-        with self.engine.connect() as conn:
-            for chunk in _chunks(ids, ID_CHUNK):
-                query = (
-                    sa.select(Run.status, sa.func.count())
-                    .where(Run.id.in_(chunk))
-                    .group_by(Run.status)
-                )
-                counts.update({status: number for status, number in conn.execute(query)})
-        return counts
 
     def span(self, ids: list[str]) -> float:
         """Seconds from the first `started_at` to the last `ended_at`."""
@@ -247,9 +232,6 @@ class RunSpans:
         if not starts or not ends:
             return 0.0
         return (max(ends) - min(starts)).total_seconds()
-
-    def close(self) -> None:
-        self.engine.dispose()
 
 
 # -- measure B: plain Celery ---------------------------------------------------------------

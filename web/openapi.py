@@ -19,6 +19,7 @@ from flask import Blueprint, Response, jsonify
 import tracon_jobs
 from tracon_jobs.settings import Settings
 from web.extensions import runtime
+from web.runs import TREE_NODE_KEYS
 
 bp = Blueprint("openapi", __name__)
 
@@ -277,22 +278,7 @@ RUN_SCHEMA: dict[str, Any] = {
 TREE_NODE = {
     "type": "object",
     "required": ["id", "agent", "kind", "status", "depth"],
-    "properties": {
-        key: RUN_SCHEMA["properties"][key]
-        for key in (
-            "id",
-            "agent",
-            "kind",
-            "status",
-            "parentRunId",
-            "depth",
-            "continuedFromRunId",
-            "modelId",
-            "usage",
-            "cost",
-            "error",
-        )
-    },
+    "properties": {key: RUN_SCHEMA["properties"][key] for key in TREE_NODE_KEYS},
 }
 EVENT_SCHEMA = {
     "type": "object",

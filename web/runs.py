@@ -218,22 +218,25 @@ def run_tree(run_id: str) -> Response:
     return jsonify({"rootRunId": run.root_run_id, "runs": [tree_node(r) for r in runs]})
 
 
+TREE_NODE_KEYS = (
+    "id",
+    "agent",
+    "kind",
+    "status",
+    "parentRunId",
+    "depth",
+    "continuedFromRunId",
+    "modelId",
+    "usage",
+    "cost",
+    "error",
+)
+"""What `GET /api/runs/{id}/tree` shows of each run of the tree."""
+
+
 def tree_node(run: Run) -> dict[str, Any]:
     view = run_json(run)
-    keys = (
-        "id",
-        "agent",
-        "kind",
-        "status",
-        "parentRunId",
-        "depth",
-        "continuedFromRunId",
-        "modelId",
-        "usage",
-        "cost",
-        "error",
-    )
-    return {key: view[key] for key in keys}
+    return {key: view[key] for key in TREE_NODE_KEYS}
 
 
 @bp.post("/runs/<run_id>/cancel")
