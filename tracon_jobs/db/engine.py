@@ -113,6 +113,19 @@ class Database:
         with self._one_writer(), self._write.begin() as session:
             yield session
 
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """`write` as a Core connection, for the executor's hot writes (Core statements only).
+
+        No Session is built and closed around the statements, and the connection is checked
+        out of the pool before this process's SQLite writer lock is taken: the lock covers
+        `BEGIN IMMEDIATE` to `COMMIT` and nothing else, so the next writer's turn comes
+        sooner. Rolled back when the block raises."""
+        self._ensure_engine()
+        assert self._engine is not None
+        with self._engine.connect() as connection, self._one_writer(), connection.begin():
+            yield connection
+
     def _one_writer(self) -> AbstractContextManager[Any]:
         """SQLite: this process's write transactions queue on a lock of its own.
 

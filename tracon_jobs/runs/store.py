@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     Column,
+    Connection,
     Table,
     and_,
     bindparam,
@@ -64,6 +65,10 @@ EVENTS = cast(Table, RunEvent.__table__)
 _RUN_CLASS = inspect(Run).class_manager
 _NULL_RUN = dict.fromkeys(RUNS.c.keys())  # a column the insert left out is NULL in the row
 _NOW = StatementClock()
+
+Executes = Session | Connection
+"""What a statement of this store runs in: a caller's session, or the Core connection of
+the executor's own writes (`Database.transaction`)."""
 
 
 def _param(column: Column[Any]) -> BindParameter[Any]:
@@ -386,7 +391,7 @@ class RunStore:
         """
         hold = not self.db.is_sqlite
         params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params()}
-        transaction = self.db.write()
+        transaction = self.db.transaction()
         session = transaction.__enter__()
         try:
             statement = _CLAIM_OPEN if hold else _CLAIM_WITH_QUOTA
@@ -398,25 +403,20 @@ class RunStore:
             transaction.__exit__(None, None, None)
             return None
         values = row._asdict()
+        claim = Claim(run_id=run_id, fence=values["fence"], owner=owner)
+        if hold:
+            values["event_seq"] -= 1  # as it reads once settled with `RunStarted` alone
+        at = values["heartbeat_at"]
+        assert at is not None
+        self._open[run_id] = _OpenClaim(claim, session, transaction, values["event_seq"], at)
+        if not hold:  # SQLite: committed before the row is built, out of the write lock
+            self._commit_open(claim, None, reserved=False, publish=False)
         own_quota = OwnQuota(
             bool(values.pop("own_quota_found")),
             values.pop("own_quota_period"),
             values.pop("own_quota_limit"),
         )
-        run = _detached_run(values)
-        claim = Claim(run_id=run_id, fence=run.fence, owner=owner)
-        assert run.heartbeat_at is not None
-        if not hold:
-            self._open[run_id] = _OpenClaim(
-                claim, session, transaction, run.event_seq, run.heartbeat_at
-            )
-            self._commit_open(claim, None, reserved=False, publish=False)
-            return claim, run, own_quota
-        run.event_seq -= 1  # as it reads once settled with `RunStarted` alone
-        self._open[run_id] = _OpenClaim(
-            claim, session, transaction, run.event_seq, run.heartbeat_at
-        )
-        return claim, run, own_quota
+        return claim, _detached_run(values), own_quota
 
     def settle(self, claim: Claim) -> None:
         """Commit the claim's open transaction (`open_claim`), if it is still open."""
@@ -464,7 +464,7 @@ class RunStore:
         if self._is_open(claim):
             assert claim is not None
             return self._commit_open(claim, (type_, data))
-        with self.db.write() as session:
+        with self.db.transaction() as session:
             event = self.append_in(session, claim, type_, data, run_id=run_id)
         self.publish(event)
         return event
@@ -477,7 +477,7 @@ class RunStore:
             return
         self.settle(claim)
         params = {"p_id": claim.run_id, "p_fence": claim.fence, "p_count": len(events)}
-        with self.db.write() as session:
+        with self.db.transaction() as session:
             row = session.execute(
                 _APPEND_MANY_FENCED, {**params, **self.db.clock_params()}
             ).one_or_none()
@@ -494,7 +494,7 @@ class RunStore:
 
     def append_in(
         self,
-        session: Session,
+        session: Executes,
         claim: Claim | None,
         type_: str,
         data: dict[str, Any],
@@ -509,7 +509,7 @@ class RunStore:
 
     def _append(
         self,
-        session: Session,
+        session: Executes,
         statement: Update,
         run_id: str,
         claim: Claim | None,
@@ -533,7 +533,7 @@ class RunStore:
         """Add a model call's tokens and cost to the run, with its `ModelCallCompleted`."""
         self.settle(claim)
         params = _spend_params(spend)
-        with self.db.write() as session:
+        with self.db.transaction() as session:
             event = self._append(
                 session,
                 _APPEND_SPEND,
@@ -551,7 +551,7 @@ class RunStore:
         """Spend a tool reported beyond tokens, with its `UsageReported` event."""
         self.settle(claim)
         params = {"p_cost_amount": amount}
-        with self.db.write() as session:
+        with self.db.transaction() as session:
             event = self._append(
                 session, _APPEND_COST, claim.run_id, claim, "UsageReported", data, params
             )
@@ -567,7 +567,7 @@ class RunStore:
             "p_messages": list(messages),
             "p_turns_completed": turns,
         }
-        with self.db.write() as session:
+        with self.db.transaction() as session:
             changed = session.execute(_SAVE_TURN, params).scalar_one_or_none()
             if changed is None:
                 raise RunTakenAway(f"run {claim.run_id} was taken away")
@@ -643,7 +643,7 @@ class RunStore:
                 return None
             seq, now = max(rows)
         else:
-            with self.db.write() as session:
+            with self.db.transaction() as session:
                 row = session.execute(statement, params).one_or_none()
                 if row is None:
                     return None
@@ -921,8 +921,8 @@ class _OpenClaim:
     """A claim whose transaction is still open (`RunStore.open_claim`)."""
 
     claim: Claim
-    session: Session
-    transaction: AbstractContextManager[Session]
+    session: Connection
+    transaction: AbstractContextManager[Connection]
     started_seq: int  # `RunStarted`'s; the next one is reserved
     at: datetime
 
@@ -975,7 +975,7 @@ def _spend_params(spend: TurnSpend) -> dict[str, Any]:
     }
 
 
-def _insert_events(session: Session, events: Sequence[Event]) -> None:
+def _insert_events(session: Executes, events: Sequence[Event]) -> None:
     """Events of one transaction in one statement (a multi-row `INSERT ... VALUES`)."""
     if len(events) == 1:
         event = events[0]
@@ -1011,7 +1011,7 @@ def _insert_many(count: int) -> TextClause:
 
 
 def _insert_event(
-    session: Session, run_id: str, seq: int, type_: str, at: datetime, data: dict[str, Any]
+    session: Executes, run_id: str, seq: int, type_: str, at: datetime, data: dict[str, Any]
 ) -> None:
     """A Core insert: events are append-only, they never need the ORM's unit of work."""
     session.execute(
