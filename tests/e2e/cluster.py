@@ -2,7 +2,7 @@
 command's own `Supervisor` (a process group each, always stopped and reaped).
 
 Each process writes to its own log file; `wait_for_log` blocks until a line appears, so
-tests wait for facts ("ready", "received") instead of sleeping.
+tests wait for facts (a worker's "ready.", a request in the access log) instead of sleeping.
 """
 
 from __future__ import annotations
