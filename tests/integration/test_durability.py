@@ -3,6 +3,7 @@ and Redis; times are explicit (`reconciler.scan_once(now)`), nothing sleeps for 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -238,6 +239,30 @@ def test_heartbeats_are_written_for_running_runs(
     fresh = runtime.runs.get(run.id)
     assert fresh is not None and fresh.heartbeat_at is not None
     assert runtime.db.now() - fresh.heartbeat_at < timedelta(seconds=5)
+
+
+def test_a_heartbeat_during_a_claims_open_transaction_keeps_the_run(
+    make_runtime: MakeRuntime,
+    sql_url: str,
+) -> None:
+    # Given a claim whose transaction is still open (PostgreSQL holds it to the first
+    # model call), and the heartbeat thread ticking meanwhile
+    runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
+    run = new_run(runtime)
+    claimed = runtime.runs.open_claim(run.id, "me")
+    assert claimed is not None
+    claim = claimed[0]
+    answer: dict[str, set[str]] = {}
+    beat = threading.Thread(
+        target=lambda: answer.update(owned=runtime.runs.heartbeat({run.id: claim.fence}))
+    )
+    beat.start()
+    beat.join(timeout=10)
+
+    # Then the run is still ours, and stays ours once the claim commits
+    assert answer == {"owned": {run.id}}
+    runtime.runs.settle(claim)
+    assert runtime.runs.heartbeat({run.id: claim.fence}) == {run.id}
 
 
 # -- reconciliation ----------------------------------------------------------------------

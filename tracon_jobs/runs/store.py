@@ -660,8 +660,17 @@ class RunStore:
         Returns the ids still owned: a run missing from the answer was closed or claimed
         by someone else, and its executor must stop.
         """
+        # a claim whose transaction this store holds open (`open_claim`) is ours: its row
+        # is locked by it, and an UPDATE from here would see the row as it was before the
+        # claim (READ COMMITTED) and find it not ours; the claim wrote its heartbeat itself
+        held = {
+            run_id
+            for run_id, fence in owned.items()
+            if (opened := self._open.get(run_id)) is not None and opened.claim.fence == fence
+        }
+        owned = {run_id: fence for run_id, fence in owned.items() if run_id not in held}
         if not owned:
-            return set()
+            return held
         still_ours = or_(
             *(and_(RUNS.c.id == rid, RUNS.c.fence == fence) for rid, fence in owned.items())
         )
@@ -672,7 +681,7 @@ class RunStore:
             .returning(RUNS.c.id)
         )
         with self.db.write() as session:
-            return set(session.execute(statement, self.db.clock_params()).scalars())
+            return held | set(session.execute(statement, self.db.clock_params()).scalars())
 
     def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
         if not run_ids:
