@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,6 +36,18 @@ from tracon_jobs.embedded_redis import EmbeddedRedis, answers, start_embedded
 from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (`timeout`, a CI runner giving up) stops the session as Ctrl-C does, so the
+    fixtures' teardown still stops every process a test started: a worker left running
+    would take the next session's tasks from the same Redis database."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+
 
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 SESSION_DB = 8 + (
