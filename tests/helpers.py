@@ -44,6 +44,11 @@ def scripted_agent(script: Script, tools: list[str] | None = None) -> dict[str, 
     }
 
 
+def auth(key: str, **headers: str) -> dict[str, str]:
+    """Request headers authenticated with `key`, plus `headers`."""
+    return {"Authorization": f"Bearer {key}", **headers}
+
+
 def settings_from(path: Path) -> Settings:
     """The settings of a config file alone, whatever the environment says."""
     return load_settings(path, environ={})

@@ -16,7 +16,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from tests import tools
-from tests.helpers import MakeRuntime, Script, ThreadWorker, scripted_agent
+from tests.helpers import MakeRuntime, Script, ThreadWorker, auth, scripted_agent
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
@@ -44,17 +44,8 @@ def client(runtime: Runtime) -> FlaskClient:
 
 
 @pytest.fixture
-def key(runtime: Runtime) -> str:
-    return runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
-
-
-@pytest.fixture
 def other_key(runtime: Runtime) -> str:
     return runtime.tenants.issue_key(runtime.tenants.ensure_tenant("globex")).secret
-
-
-def auth(key: str, **headers: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}", **headers}
 
 
 def wait_for_status(client: FlaskClient, key: str, run_id: str, status: str) -> dict[str, Any]:

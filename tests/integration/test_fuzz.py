@@ -102,16 +102,6 @@ def app(runtime: Runtime) -> Flask:
     return create_app(runtime, {"TESTING": True, "SSE_KEEPALIVE_SECONDS": 0.1})
 
 
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
-
-
-@pytest.fixture
-def key(runtime: Runtime) -> str:
-    return runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
-
-
 def assert_answered(response: TestResponse, path: str) -> None:
     """No 5xx; a 4xx is problem+json, or OpenAI's error shape on a `/v1` route."""
     status = response.status_code

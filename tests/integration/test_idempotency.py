@@ -44,11 +44,6 @@ def client(runtime: Runtime) -> FlaskClient:
     return create_app(runtime, {"TESTING": True, "SSE_KEEPALIVE_SECONDS": 0.5}).test_client()
 
 
-@pytest.fixture
-def key(runtime: Runtime) -> str:
-    return runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
-
-
 def headers(api_key: str, idem: str | None = "k-1", **extra: str) -> dict[str, str]:
     out = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json", **extra}
     if idem is not None:

@@ -15,7 +15,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
-from tests.helpers import MakeRuntime, hold_queued, scripted_agent
+from tests.helpers import MakeRuntime, auth, hold_queued, scripted_agent
 from tracon_jobs.runs.store import RunFilter
 from tracon_jobs.runtime import Runtime
 from web import create_app
@@ -31,20 +31,6 @@ def runtime(make_runtime: MakeRuntime, sql_url: str) -> Runtime:
 @pytest.fixture
 def app(runtime: Runtime) -> Flask:
     return create_app(runtime, {"TESTING": True})
-
-
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
-
-
-@pytest.fixture
-def key(runtime: Runtime) -> str:
-    return runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
-
-
-def auth(key: str, **headers: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}", **headers}
 
 
 def problem(response: TestResponse, status: int, field: str | None = None) -> dict[str, Any]:

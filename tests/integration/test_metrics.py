@@ -85,16 +85,6 @@ def app(runtime: Runtime) -> Flask:
     return create_app(runtime, {"TESTING": True})
 
 
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
-
-
-@pytest.fixture
-def key(runtime: Runtime) -> str:
-    return runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
-
-
 def run(client: FlaskClient, key: str, agent: str) -> dict[str, Any]:
     response = client.post(
         f"/api/agents/{agent}/run",

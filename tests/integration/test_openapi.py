@@ -37,11 +37,6 @@ def app(make_runtime: MakeRuntime, sqlite_url: str) -> Flask:
 
 
 @pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
-
-
-@pytest.fixture
 def spec(client: FlaskClient) -> dict[str, Any]:
     response = client.get("/openapi.json")  # no key: the description is public
     assert response.status_code == 200

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from flask.testing import FlaskClient
 
 from tests import workflows
-from tests.helpers import MakeRuntime, Script, ThreadWorker, run_of, scripted_agent
+from tests.helpers import MakeRuntime, Script, ThreadWorker, auth, run_of, scripted_agent
 from tracon_jobs.cli import main
 from tracon_jobs.db.models import IdempotencyRecord, Run
 from tracon_jobs.resilience.quotas import utc_now, window_of
@@ -207,10 +207,6 @@ def client(web_runtime: Runtime) -> FlaskClient:
 
 def key_of(runtime: Runtime, name: str) -> str:
     return runtime.tenants.issue_key(runtime.tenants.ensure_tenant(name)).secret
-
-
-def auth(key: str, **headers: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}", **headers}
 
 
 def count_rows(runtime: Runtime) -> tuple[int, int]:

@@ -12,7 +12,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from tests.helpers import MakeRuntime, Script, ThreadWorker, hold_queued, scripted_agent
+from tests.helpers import MakeRuntime, Script, ThreadWorker, auth, hold_queued, scripted_agent
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runtime import Runtime
 from web import create_app
@@ -33,20 +33,6 @@ def runtime(make_runtime: MakeRuntime, sql_url: str, thread_worker: ThreadWorker
 @pytest.fixture
 def app(runtime: Runtime) -> Flask:
     return create_app(runtime, {"TESTING": True, "SSE_KEEPALIVE_SECONDS": 0.5})
-
-
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
-
-
-@pytest.fixture
-def key(runtime: Runtime) -> str:
-    return runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
-
-
-def auth(key: str, **headers: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}", **headers}
 
 
 def parse_sse(body: str) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from tests import workflows
-from tests.helpers import MakeRuntime, ThreadWorker, scripted_agent
+from tests.helpers import MakeRuntime, ThreadWorker, auth, scripted_agent
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
@@ -39,10 +39,6 @@ def client(runtime: Runtime) -> FlaskClient:
 
 def key_of(runtime: Runtime, tenant: str) -> str:
     return runtime.tenants.issue_key(runtime.tenants.ensure_tenant(tenant)).secret
-
-
-def auth(key: str, **headers: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}", **headers}
 
 
 ASYNC = {"Prefer": "respond-async"}
