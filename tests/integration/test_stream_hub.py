@@ -1,6 +1,7 @@
 """The stream hub in one process, on real SQL and Redis, its followers on socket pairs: what
 a client reads is what the run wrote, in order; a quiet stream gets keep-alives; a client
-that goes away gives its tenant's place back at once; the cap counts across the cluster."""
+that goes away gives its tenant's place back at once, and so does one that stops reading;
+the cap counts across the cluster."""
 
 from __future__ import annotations
 
@@ -118,3 +119,19 @@ def test_a_quiet_stream_gets_keepalives_and_a_client_that_leaves_frees_its_place
     assert time.monotonic() - closed < 1.0 and hub.count() == 1
     second.sock.close()
     wait_until(lambda: hub.count() == 0, timeout=5, what="the hub empty")
+
+
+def test_a_client_that_stops_reading_is_dropped_and_its_place_given_back(
+    runtime: Runtime, hub: StreamHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("web.stream_hub.MAX_BUFFERED", 4096)
+    run_id = new_run(runtime)
+    claim = claim_run(runtime, run_id, "w1")
+    assert claim is not None
+    client = follow(hub, hub.places, run_id)  # never reads from here on
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    big = "x" * 20_000
+    for _ in range(60):  # far more than the socket buffers and the hub's 4 KiB hold
+        runtime.runs.append(claim, "ModelCallCompleted", {"text": big})
+    wait_until(lambda: hub.count() == 0, timeout=10, what="the slow client dropped")
+    wait_until(lambda: hub.places.held("acme") == 0, timeout=5, what="its place given back")
