@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
-from sqlalchemy import update
+from sqlalchemy import text, update
+from sqlalchemy.exc import OperationalError
 
 from tests import tools
 from tests.helpers import (
@@ -27,10 +28,11 @@ from tests.stub_provider import StubProvider, hang, reply, tool_call
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, ToolCallRecord
+from tracon_jobs.errors import RunTakenAway
 from tracon_jobs.runs.ledger import ToolOutcome
 from tracon_jobs.runs.lifecycle import ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import TAKEN_AWAY, LiveRuns
-from tracon_jobs.runs.store import NewRun, RunStore
+from tracon_jobs.runs.store import Claim, NewRun, RunStore
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
@@ -263,6 +265,63 @@ def test_a_heartbeat_during_a_claims_open_transaction_keeps_the_run(
     assert answer == {"owned": {run.id}}
     runtime.runs.settle(claim)
     assert runtime.runs.heartbeat({run.id: claim.fence}) == {run.id}
+
+
+def _lose_open_claim(make_runtime: MakeRuntime, sql_url: str) -> tuple[Runtime, Run, Claim]:
+    """A claim whose open transaction died with its connection (as in a database restart)
+    before it committed; `Database.OutageRetry` is 1 ms, so the commit fails at once."""
+    if sql_url.startswith("sqlite"):
+        pytest.skip("SQLite commits a claim at once")
+    database = {"Url": sql_url, "OutageRetry": "00:00:00.001"}
+    runtime = make_runtime(sql_url, Database=database, **scripted_agent([]))
+    run = new_run(runtime)
+    claimed = runtime.runs.open_claim(run.id, "me")
+    assert claimed is not None
+    with runtime.db.write() as session:  # what a restart does to the claim's connection
+        session.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND state = 'idle in transaction'"
+            )
+        )
+    with pytest.raises(OperationalError):
+        runtime.runs.settle(claimed[0])
+    assert status(runtime, run.id) == "Queued"  # rolled back with the claim
+    return runtime, run, claimed[0]
+
+
+def test_a_claim_whose_open_transaction_is_lost_is_made_again_at_its_next_write(
+    make_runtime: MakeRuntime,
+    sql_url: str,
+) -> None:
+    runtime, run, claim = _lose_open_claim(make_runtime, sql_url)
+
+    # Then the heartbeat still counts the run as this process's, and the next write claims
+    # it again with the same fence and commits its events in order
+    assert runtime.runs.heartbeat({run.id: claim.fence}) == {run.id}
+    runtime.runs.append(claim, "ModelCallStarted", {"model": "m"})
+    row = runtime.runs.get(run.id)
+    assert row is not None and (row.status, row.fence, row.owner) == ("Running", claim.fence, "me")
+    events = [(e.seq, e.type) for e in runtime.runs.events(run.id)]
+    assert events == [(1, "RunQueued"), (2, "RunStarted"), (3, "ModelCallStarted")]
+    assert runtime.runs.heartbeat({run.id: claim.fence}) == {run.id}
+
+
+def test_a_lost_claim_is_not_made_again_once_another_process_claimed_the_run(
+    make_runtime: MakeRuntime,
+    sql_url: str,
+) -> None:
+    runtime, run, claim = _lose_open_claim(make_runtime, sql_url)
+    other = make_runtime(sql_url, **scripted_agent([]))
+    theirs = other.runs.open_claim(run.id, "them")
+    assert theirs is not None
+    other.runs.settle(theirs[0])
+
+    with pytest.raises(RunTakenAway):
+        runtime.runs.append(claim, "ModelCallStarted", {"model": "m"})
+    row = runtime.runs.get(run.id)
+    assert row is not None and (row.owner, row.fence) == ("them", theirs[0].fence)
+    assert [e.type for e in runtime.runs.events(run.id)] == ["RunQueued", "RunStarted"]
 
 
 # -- reconciliation ----------------------------------------------------------------------

@@ -149,7 +149,7 @@ class RunExecutor:
             with logs.run_context(run_id, agent=run.agent):
                 return self._execute_claimed(claim, run, own_quota)
         finally:
-            self.runs.settle(claim)
+            self.runs.let_go(claim)
 
     def _execute_claimed(self, claim: Claim, run: Run, own_quota: OwnQuota | None = None) -> str:
         run_id = claim.run_id

@@ -161,6 +161,8 @@ _CLAIM_WITH_QUOTA = _CLAIM.returning(
     select(_QUOTAS.c.cost_limit).where(_OWN_QUOTA).scalar_subquery().label("own_quota_limit"),
 )
 _CLAIM_OPEN = _CLAIM_WITH_QUOTA.values(event_seq=RUNS.c.event_seq + 2)  # RunStarted, one more
+# an open claim whose transaction was lost, made again: only if nobody claimed the run since
+_CLAIM_AGAIN = _CLAIM_OPEN.where(RUNS.c.fence == bindparam("p_prior_fence"))
 _UNRESERVE = (
     update(RUNS)
     .where(RUNS.c.id == _param(RUNS.c.id), *_OWNED)
@@ -292,6 +294,9 @@ class RunStore:
         self.db = db
         self.feed = feed
         self._open: dict[str, _OpenClaim] = {}  # run id -> its claim's open transaction
+        # run id -> a claim whose open transaction was rolled back (its connection dropped
+        # before the commit): nothing of it was written, and its next write claims again
+        self._lost: dict[str, Claim] = {}
 
     def publish(self, event: Event | None) -> Event | None:
         if event is not None and self.feed is not None:
@@ -389,13 +394,28 @@ class RunStore:
         write (the first `ModelCallStarted`, or whatever ends or releases the run) does,
         with its own later sequence number; a follower reads everything up to it from SQL.
         """
+        self._lost.pop(run_id, None)
+        opened = self._begin_claim(_CLAIM_OPEN, run_id, owner)
+        if opened is None:
+            return None
+        claim, values = opened
+        own_quota = OwnQuota(
+            bool(values.pop("own_quota_found")),
+            values.pop("own_quota_period"),
+            values.pop("own_quota_limit"),
+        )
+        return claim, _detached_run(values), own_quota
+
+    def _begin_claim(
+        self, statement: Update, run_id: str, owner: str, **extra: Any
+    ) -> tuple[Claim, dict[str, Any]] | None:
+        """Run a claim statement in a transaction left open (committed at once on SQLite)."""
         hold = not self.db.is_sqlite
-        params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params()}
+        params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params(), **extra}
         transaction = self.db.transaction()
         session = transaction.__enter__()
         try:
-            statement = _CLAIM_OPEN if hold else _CLAIM_WITH_QUOTA
-            row = session.execute(statement, params).one_or_none()
+            row = session.execute(statement if hold else _CLAIM_WITH_QUOTA, params).one_or_none()
         except BaseException:
             transaction.__exit__(*sys.exc_info())
             raise
@@ -410,22 +430,49 @@ class RunStore:
         assert at is not None
         self._open[run_id] = _OpenClaim(claim, session, transaction, values["event_seq"], at)
         if not hold:  # SQLite: committed before the row is built, out of the write lock
-            self._commit_open(claim, None, reserved=False, publish=False)
-        own_quota = OwnQuota(
-            bool(values.pop("own_quota_found")),
-            values.pop("own_quota_period"),
-            values.pop("own_quota_limit"),
-        )
-        return claim, _detached_run(values), own_quota
+            try:
+                self._commit_open(claim, None, reserved=False, publish=False)
+            except BaseException:
+                self._lost.pop(run_id, None)  # the caller sees it fail: nothing is held
+                raise
+        return claim, values
 
+    @rides_out_outages
     def settle(self, claim: Claim) -> None:
         """Commit the claim's open transaction (`open_claim`), if it is still open."""
+        self._settle(claim)
+
+    def _settle(self, claim: Claim) -> None:
         if self._is_open(claim):
             self._commit_open(claim, None)
 
+    @rides_out_outages
+    def let_go(self, claim: Claim) -> None:
+        """The executor is done with `claim`: commit its open transaction, if it is still
+        open; forget it, if that transaction was lost (the run is still `Queued`, unclaimed,
+        and the requeue scan sends it again)."""
+        if self._lost.get(claim.run_id) == claim:
+            del self._lost[claim.run_id]
+            return
+        self._settle(claim)
+
     def _is_open(self, claim: Claim | None) -> bool:
-        opened = None if claim is None else self._open.get(claim.run_id)
+        """Whether `claim`'s transaction is open here. A claim whose open transaction was lost
+        is made again first, in a new one: RunTakenAway when someone claimed the run since."""
+        if claim is None:
+            return False
+        if self._lost.get(claim.run_id) == claim:
+            self._claim_again(claim)
+        opened = self._open.get(claim.run_id)
         return opened is not None and opened.claim == claim
+
+    def _claim_again(self, claim: Claim) -> None:
+        again = self._begin_claim(
+            _CLAIM_AGAIN, claim.run_id, claim.owner, p_prior_fence=claim.fence - 1
+        )
+        del self._lost[claim.run_id]
+        if again is None:  # the guard: the same fence again, or nothing
+            raise RunTakenAway(f"run {claim.run_id} was claimed by another process")
 
     def _commit_open(
         self,
@@ -443,14 +490,18 @@ class RunStore:
             type_, data = second
             events.append(Event(claim.run_id, opened.started_seq + 1, type_, opened.at, data))
         try:
-            if second is None and reserved:
-                params = {"p_id": claim.run_id, "p_fence": claim.fence}
-                opened.session.execute(_UNRESERVE, params)
-            _insert_events(opened.session, events)
-        except BaseException:
-            opened.transaction.__exit__(*sys.exc_info())
+            try:
+                if second is None and reserved:
+                    params = {"p_id": claim.run_id, "p_fence": claim.fence}
+                    opened.session.execute(_UNRESERVE, params)
+                _insert_events(opened.session, events)
+            except BaseException:
+                opened.transaction.__exit__(*sys.exc_info())
+                raise
+            opened.transaction.__exit__(None, None, None)
+        except BaseException:  # rolled back: the claim too, so the next write makes it again
+            self._lost[claim.run_id] = claim
             raise
-        opened.transaction.__exit__(None, None, None)
         if publish:
             self.publish(events[-1])
         return events[-1]
@@ -475,7 +526,7 @@ class RunStore:
         one wake-up of the followers, however many events."""
         if not events:
             return
-        self.settle(claim)
+        self._settle(claim)
         params = {"p_id": claim.run_id, "p_fence": claim.fence, "p_count": len(events)}
         with self.db.transaction() as session:
             row = session.execute(
@@ -531,7 +582,7 @@ class RunStore:
     @rides_out_outages
     def record_spend(self, claim: Claim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
         """Add a model call's tokens and cost to the run, with its `ModelCallCompleted`."""
-        self.settle(claim)
+        self._settle(claim)
         params = _spend_params(spend)
         with self.db.transaction() as session:
             event = self._append(
@@ -549,7 +600,7 @@ class RunStore:
     @rides_out_outages
     def add_cost(self, claim: Claim, amount: Decimal, data: dict[str, Any]) -> None:
         """Spend a tool reported beyond tokens, with its `UsageReported` event."""
-        self.settle(claim)
+        self._settle(claim)
         params = {"p_cost_amount": amount}
         with self.db.transaction() as session:
             event = self._append(
@@ -560,7 +611,7 @@ class RunStore:
     @rides_out_outages
     def save_turn(self, claim: Claim, messages: Sequence[dict[str, Any]], turns: int) -> None:
         """Persist the conversation after a finished turn, so the run resumes from SQL."""
-        self.settle(claim)
+        self._settle(claim)
         params = {
             "p_id": claim.run_id,
             "p_fence": claim.fence,
@@ -587,7 +638,7 @@ class RunStore:
 
         `spend`: the last model call's spend and its `ModelCallCompleted` data, written in
         the same statement (one transaction for the answer and the end of the run)."""
-        self.settle(claim)
+        self._settle(claim)
         return self._close(
             claim.run_id, RunStatus.RUNNING, claim, status, output, error, attempts, spend=spend
         )
@@ -662,11 +713,13 @@ class RunStore:
         """
         # a claim whose transaction this store holds open (`open_claim`) is ours: its row
         # is locked by it, and an UPDATE from here would see the row as it was before the
-        # claim (READ COMMITTED) and find it not ours; the claim wrote its heartbeat itself
+        # claim (READ COMMITTED) and find it not ours; the claim wrote its heartbeat itself.
+        # A claim whose open transaction was lost is ours too: its next write makes it again.
         held = {
             run_id
             for run_id, fence in owned.items()
-            if (opened := self._open.get(run_id)) is not None and opened.claim.fence == fence
+            if ((opened := self._open.get(run_id)) is not None and opened.claim.fence == fence)
+            or ((lost := self._lost.get(run_id)) is not None and lost.fence == fence)
         }
         owned = {run_id: fence for run_id, fence in owned.items() if run_id not in held}
         if not owned:
@@ -725,7 +778,7 @@ class RunStore:
     def still_owned(self, claim: Claim) -> str | None:
         """Why the claim may no longer start work (`taken_away`, `canceled`), or None: read
         right before a tool body starts, so a paused owner never starts one late."""
-        self.settle(claim)
+        self._settle(claim)
         query = select(RUNS.c.status, RUNS.c.fence, RUNS.c.cancel_requested_at).where(
             RUNS.c.id == claim.run_id
         )
@@ -762,7 +815,7 @@ class RunStore:
         Its send time is kept, so the requeue scan re-sends it once `Runs.RequeueAfter`
         has passed since then; nothing of the run itself changed.
         """
-        self.settle(claim)
+        self._settle(claim)
         with self.db.write() as session:
             event = self.append_in(session, claim, "RunReleased", {"reason": reason})
             session.execute(
