@@ -8,6 +8,12 @@ wake-up, and they cost more than the call itself. The SDK never retries (`max_re
 whether and when to retry is the policies' decision, and they need to see every failure. SDK
 exceptions become `ProviderError` with a `status` or a `kind`, so nothing above this module
 knows which SDK raised them.
+
+The request goes through the client's `post`, the SDK's own path under `chat.completions.create`
+(same request, headers, errors and `ChatCompletion` answer) without `create`'s transform of
+its arguments: that walks every message of the conversation through the typed-dict schema,
+1-1.5 ms of CPU per call before the request leaves, for arguments that are plain JSON already.
+A hundred runs of one process share one GIL, so that CPU delays every other run's call.
 """
 
 from __future__ import annotations
@@ -72,7 +78,9 @@ class OpenAIProvider:
         client = self._client_here()
         try:
             with abortable(signal):
-                completion = client.chat.completions.create(**completion_arguments(request))
+                completion = client.post(
+                    "/chat/completions", body=completion_arguments(request), cast_to=ChatCompletion
+                )
         except openai.OpenAIError as exc:
             if signal.aborted:
                 raise self._cancelled(signal) from None
@@ -133,7 +141,7 @@ class OpenAIProvider:
 
 
 def completion_arguments(request: ModelRequest) -> dict[str, Any]:
-    """The `chat.completions.create` arguments, leaving out what the request does not set.
+    """The chat completion's JSON body, leaving out what the request does not set.
 
     Unset options are omitted rather than sent as null, because several compatible servers
     reject nulls; `max_tokens` is used over `max_completion_tokens` because more servers know it.
