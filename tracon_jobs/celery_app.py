@@ -42,6 +42,11 @@ workers: each run already has its `succeeded` line, its `RunStarted` event and t
 `task-received` event. It cost about 4% of a busy worker's CPU (B2); the logger's
 errors still show."""
 
+QUIET_LOGGERS = (RECEIVED_LOGGER, "httpx", "httpx2")
+"""Loggers held at WARNING in a worker unless `TRACON_LOG_LEVEL` is `DEBUG`: Celery's
+`received` line, and the HTTP client's `HTTP Request: POST ...` line per model call, which
+says what the run's `ModelCallStarted` and `ModelCallCompleted` events say."""
+
 CONTROL_QUEUE = "tracon.control"
 """The queue of the periodic tasks, apart from runs so a backlog never delays a scan."""
 
@@ -219,7 +224,9 @@ def _install_worker_hooks(app: Celery, draining: threading.Event | None) -> None
         if getattr(sender, "app", None) is not app:
             return
         logs.install()
-        logging.getLogger(RECEIVED_LOGGER).setLevel(logging.WARNING)
+        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+            for name in QUIET_LOGGERS:
+                logging.getLogger(name).setLevel(logging.WARNING)
         metrics.start_worker_server(draining)
 
     worker_init.connect(on_init, weak=False)

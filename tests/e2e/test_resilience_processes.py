@@ -193,3 +193,28 @@ def test_a_killed_holder_frees_its_slots_within_the_lease(
 
     assert run.status == "Completed" and run.output == {"text": "after the crash"}
     assert survivor.popen.poll() is None
+
+
+def test_a_worker_logs_at_tracon_log_level_without_a_line_per_http_request(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    stub_provider: StubProvider,
+) -> None:
+    sections = stub_agent(stub_provider)
+    cluster = make_cluster(sqlite_url, **sections)
+    submit = Submitter(make_runtime(sqlite_url, **sections))
+    stub_provider.default = reply("ok")
+
+    # A worker at the default level: the run's own lines, not the HTTP client's per call
+    quiet = cluster.worker("quiet")
+    assert submit.finished(submit.to("quiet")).status == "Completed"
+    # One at TRACON_LOG_LEVEL=DEBUG: Celery's setup keeps that level, and the client's line shows
+    cluster.env["TRACON_LOG_LEVEL"] = "DEBUG"
+    loud = cluster.worker("loud")
+    assert submit.finished(submit.to("loud")).status == "Completed"
+
+    wait_until(lambda: "succeeded in" in loud.text(), timeout=10, what="loud's task line")
+    assert "succeeded in" in quiet.text()
+    assert "HTTP Request: POST" not in quiet.text() and " DEBUG " not in quiet.text()
+    assert "HTTP Request: POST" in loud.text() and " DEBUG " in loud.text()

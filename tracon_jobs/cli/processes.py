@@ -4,6 +4,7 @@ arbiter), `worker`, `beat` and `flower` (Celery, with the periodic tasks install
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -108,6 +109,11 @@ def celery_with_periodic_tasks(runtime: Runtime) -> Celery:
     return runtime.celery
 
 
+def log_level() -> str:
+    """`TRACON_LOG_LEVEL` (default `INFO`), which Celery's own setup would otherwise reset."""
+    return os.environ.get("TRACON_LOG_LEVEL", "INFO").upper()
+
+
 def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = load_runtime()
     app = celery_with_periodic_tasks(runtime)
@@ -121,7 +127,7 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
         "-Q",
         "tracon.runs,tracon.control",
         "--loglevel",
-        "INFO",
+        log_level(),
         *rest,
     ]
     app.worker_main(argv)
@@ -132,7 +138,7 @@ def cmd_beat(args: argparse.Namespace, rest: list[str]) -> int:
     app = celery_with_periodic_tasks(load_runtime())
     VAR.mkdir(exist_ok=True)
     schedule = str(VAR / "celerybeat-schedule")
-    app.start(["beat", "-s", schedule, "--loglevel", "INFO", *rest])
+    app.start(["beat", "-s", schedule, "--loglevel", log_level(), *rest])
     return 0
 
 
