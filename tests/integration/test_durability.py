@@ -318,7 +318,10 @@ def test_a_lost_claim_is_not_made_again_once_another_process_claimed_the_run(
     theirs = other.runs.open_claim(run.id, "them")
     assert theirs is not None
     other.runs.settle(theirs[0])
+    assert theirs[0].fence == claim.fence  # the same number: the lost claim never counted
 
+    # Then the heartbeat no longer counts the run as ours, and the next write gives it up
+    assert runtime.runs.heartbeat({run.id: claim.fence}) == set()
     with pytest.raises(RunTakenAway):
         runtime.runs.append(claim, "ModelCallStarted", {"model": "m"})
     row = runtime.runs.get(run.id)

@@ -713,15 +713,38 @@ class RunStore:
         """
         # a claim whose transaction this store holds open (`open_claim`) is ours: its row
         # is locked by it, and an UPDATE from here would see the row as it was before the
-        # claim (READ COMMITTED) and find it not ours; the claim wrote its heartbeat itself.
-        # A claim whose open transaction was lost is ours too: its next write makes it again.
+        # claim (READ COMMITTED) and find it not ours; the claim wrote its heartbeat itself
         held = {
             run_id
             for run_id, fence in owned.items()
-            if ((opened := self._open.get(run_id)) is not None and opened.claim.fence == fence)
-            or ((lost := self._lost.get(run_id)) is not None and lost.fence == fence)
+            if (opened := self._open.get(run_id)) is not None and opened.claim.fence == fence
         }
-        owned = {run_id: fence for run_id, fence in owned.items() if run_id not in held}
+        # a claim whose open transaction was lost is ours while the run waits `Queued` with
+        # the fence before it (its next write claims it again); its own fence number may be
+        # another process's claim by now, so it is not heartbeat by that number
+        lost = {
+            run_id: fence
+            for run_id, fence in owned.items()
+            if (claim := self._lost.get(run_id)) is not None and claim.fence == fence
+        }
+        if lost:
+            waiting = or_(
+                *(
+                    and_(
+                        RUNS.c.id == rid,
+                        RUNS.c.fence == fence - 1,
+                        RUNS.c.status == RunStatus.QUEUED.value,
+                    )
+                    for rid, fence in lost.items()
+                )
+            )
+            with self.db.read() as session:
+                held |= set(session.scalars(select(RUNS.c.id).where(waiting)))
+        owned = {
+            run_id: fence
+            for run_id, fence in owned.items()
+            if run_id not in held and run_id not in lost
+        }
         if not owned:
             return held
         still_ours = or_(
@@ -778,7 +801,7 @@ class RunStore:
     def still_owned(self, claim: Claim) -> str | None:
         """Why the claim may no longer start work (`taken_away`, `canceled`), or None: read
         right before a tool body starts, so a paused owner never starts one late."""
-        self._settle(claim)
+        self._settle(claim)  # a lost claim is made again here, or RunTakenAway
         query = select(RUNS.c.status, RUNS.c.fence, RUNS.c.cancel_requested_at).where(
             RUNS.c.id == claim.run_id
         )
