@@ -324,6 +324,9 @@ def assert_all_gone(dev: Dev) -> None:
     for port in (dev.port, dev.flower_port):
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still answers"
+    # and quietly: no process printed a traceback on its way out (Flower's SIGTERM handler
+    # used to, when the supervisor's SIGTERM found it already leaving)
+    assert "Traceback" not in dev.output and "Exception ignored" not in dev.output, dev.output
 
 
 def runs_list(dev: Dev) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -145,5 +146,13 @@ def cmd_beat(args: argparse.Namespace, rest: list[str]) -> int:
 def cmd_flower(args: argparse.Namespace, rest: list[str]) -> int:
     app = celery_with_periodic_tasks(load_runtime())  # Flower shows the periodic tasks' names
     argv = ["flower", *rest] if rest else ["flower", "--address=127.0.0.1", "--port=5555"]
-    app.start(argv)
+    try:
+        app.start(argv)
+    finally:
+        # Flower's SIGTERM handler raises SystemExit wherever the main thread is. Ctrl-C
+        # reaches every process of `tracon-jobs dev` at once and the supervisor's SIGTERM
+        # follows, so it used to land in the interpreter's wait for Flower's threads, as a
+        # traceback on the way out. Once Flower has stopped, a stop signal has nothing to do.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     return 0
