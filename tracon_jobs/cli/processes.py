@@ -149,10 +149,10 @@ def cmd_flower(args: argparse.Namespace, rest: list[str]) -> int:
     try:
         app.start(argv)
     finally:
-        # Flower's SIGTERM handler raises SystemExit wherever the main thread is. Ctrl-C
-        # reaches every process of `tracon-jobs dev` at once and the supervisor's SIGTERM
-        # follows, so it used to land in the interpreter's wait for Flower's threads, as a
-        # traceback on the way out. Once Flower has stopped, a stop signal has nothing to do.
+        # Flower's SIGTERM handler raises SystemExit wherever the main thread is. On Ctrl-C,
+        # `tracon-jobs dev` passes SIGINT to every process and sends SIGTERM after it, which
+        # used to land in the interpreter's wait for Flower's threads: a traceback on the
+        # way out. Once Flower has stopped, a stop signal has nothing left to do.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     return 0
