@@ -361,20 +361,15 @@ class RunStore:
 
     # -- the executor's fenced writes --------------------------------------------------
 
-    @rides_out_outages
     def claim_and_load(self, run_id: str, owner: str) -> tuple[Claim, Run] | None:
-        """The claim and the claimed row, from the one guarded UPDATE ... RETURNING."""
-        params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params()}
-        with self.db.write() as session:
-            row = session.execute(_CLAIM, params).one_or_none()
-            if row is None:
-                return None
-            run = _detached_run(row._asdict())
-            now = run.heartbeat_at
-            assert now is not None
-            _insert_event(session, run_id, run.event_seq, "RunStarted", now, {"owner": owner})
-        self.publish(Event(run_id, run.event_seq, "RunStarted", now, {"owner": owner}))
-        return Claim(run_id=run_id, fence=run.fence, owner=owner), run
+        """The claim and the claimed row, committed at once: `open_claim`, then `settle`
+        (for a caller whose next step is no model call)."""
+        claimed = self.open_claim(run_id, owner)
+        if claimed is None:
+            return None
+        claim, run, _own_quota = claimed
+        self.settle(claim)
+        return claim, run
 
     @rides_out_outages
     def open_claim(self, run_id: str, owner: str) -> tuple[Claim, Run, OwnQuota] | None:
