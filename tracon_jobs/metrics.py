@@ -222,17 +222,17 @@ def _live_streams() -> tuple[Gauge, Counter]:
     return open_, refused
 
 
-def live_stream(change: str) -> None:
-    """`opened`, `closed` or `refused`."""
+def live_stream(change: str, count: int = 1) -> None:
+    """`count` streams `opened`, `closed` or `refused`."""
 
     def record() -> None:
         open_, refused = _live_streams()
         if change == "refused":
-            refused.inc()
+            refused.inc(count)
         elif change == "opened":
-            open_.inc()
+            open_.inc(count)
         else:
-            open_.dec()
+            open_.dec(count)
 
     _safely(record)
 

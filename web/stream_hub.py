@@ -96,6 +96,7 @@ class StreamHub:
         self.followers: dict[str, set[Follower]] = {}
         self.reading: set[str] = set()
         self.again: set[str] = set()
+        self.returning: list[StreamPlace] = []  # dropped followers' places, given back at once
         self.pool = ThreadPoolExecutor(readers, thread_name_prefix="stream-reader")
         self.closed = False
         self.thread = threading.Thread(target=self.loop, name="stream-hub", daemon=True)
@@ -151,6 +152,7 @@ class StreamHub:
                         self.drop(follower)
                     elif mask & selectors.EVENT_WRITE:
                         self.flush(follower)
+                self.give_back_dropped()
                 now = time.monotonic()
                 if now >= next_sweep:
                     self.sweep(now)
@@ -165,6 +167,7 @@ class StreamHub:
         for group in list(self.followers.values()):
             for follower in list(group):
                 self.drop(follower)
+        self.give_back_dropped()
         self.pool.shutdown(wait=False)
 
     def run_inbox(self) -> None:
@@ -299,7 +302,14 @@ class StreamHub:
             self.selector.unregister(follower.sock)
         with contextlib.suppress(OSError):
             follower.sock.close()
-        self.pool.submit(self.give_back, follower.place)
+        self.returning.append(follower.place)
+
+    def give_back_dropped(self) -> None:
+        """The places of the followers dropped since the last call, in one Redis call (a burst
+        of runs ending must not queue a call per follower before the readers' SQL)."""
+        if self.returning:
+            places, self.returning = self.returning, []
+            self.pool.submit(self.give_back, places)
 
     def sweep(self, now: float) -> None:
         """Keep-alives for quiet streams, and a read of their runs in case a wake-up was lost."""
@@ -313,11 +323,11 @@ class StreamHub:
                     self.flush(follower)
         self.read_all(quiet)
 
-    def give_back(self, place: StreamPlace) -> None:
+    def give_back(self, places: list[StreamPlace]) -> None:
         try:
-            self.places.give_back(place)
-        except Exception as exc:  # its lease runs out instead
-            log.warning("stream place of tenant %s not given back: %s", place.tenant_id, exc)
+            self.places.give_back_all(places)
+        except Exception as exc:  # their leases run out instead
+            log.warning("%d stream places not given back: %s", len(places), exc)
 
     def renew(self, places: list[StreamPlace]) -> None:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -37,9 +37,10 @@ class CountedPlaces(StreamPlaces):
         metrics.live_stream("refused" if place is None else "opened")
         return place
 
-    def give_back(self, place: StreamPlace) -> None:
-        metrics.live_stream("closed")
-        super().give_back(place)
+    def give_back_all(self, places: Iterable[StreamPlace]) -> None:
+        places = list(places)
+        metrics.live_stream("closed", len(places))
+        super().give_back_all(places)
 
 
 def stream_places() -> StreamPlaces:

@@ -135,3 +135,14 @@ def test_a_client_that_stops_reading_is_dropped_and_its_place_given_back(
         runtime.runs.append(claim, "ModelCallCompleted", {"text": big})
     wait_until(lambda: hub.count() == 0, timeout=10, what="the slow client dropped")
     wait_until(lambda: hub.places.held("acme") == 0, timeout=5, what="its place given back")
+
+
+def test_places_of_many_tenants_are_given_back_together(runtime: Runtime) -> None:
+    places = StreamPlaces(runtime.redis, 3)
+    taken = [places.take(tenant) for tenant in ("acme", "acme", "globex")]
+    kept = places.take("acme")
+    assert None not in taken and kept is not None
+    places.give_back_all([p for p in taken if p is not None])
+    assert (places.held("acme"), places.held("globex")) == (1, 0)  # only what was given back
+    places.give_back_all([])
+    assert places.held("acme") == 1
