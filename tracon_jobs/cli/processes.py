@@ -4,6 +4,7 @@ arbiter), `worker`, `beat` and `flower` (Celery, with the periodic tasks install
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import signal
@@ -51,7 +52,8 @@ def cmd_web(args: argparse.Namespace, rest: list[str]) -> int:
     drain = runtime.settings.drain
     clear_web_drain()  # a flag left by an earlier stop must not make a new node refuse
     DrainingArbiter.drain_seconds = drain.timeout.total_seconds() if drain.enabled else None
-    DrainingArbiter(WebApplication(args.bind, args.workers, args.threads)).run()
+    keepalive = math.ceil(runtime.settings.web.keep_alive.total_seconds())  # gunicorn: whole s
+    DrainingArbiter(WebApplication(args.bind, args.workers, args.threads, keepalive)).run()
     return 0
 
 
@@ -59,8 +61,13 @@ class WebApplication(BaseApplication):
     """gunicorn serving `WEB_APP` on gthread workers (answering gunicorn's own errors as
     problem+json), with no request timeout."""
 
-    def __init__(self, bind: str, workers: int, threads: int) -> None:
-        self.options = {"bind": bind, "workers": workers, "threads": threads}
+    def __init__(self, bind: str, workers: int, threads: int, keepalive: int) -> None:
+        self.options = {
+            "bind": bind,
+            "workers": workers,
+            "threads": threads,
+            "keepalive": keepalive,
+        }
         super().__init__()  # loads the config: `options` must be set first
 
     def load_config(self) -> None:

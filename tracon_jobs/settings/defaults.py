@@ -213,6 +213,12 @@ MAX_STREAMS_PER_TENANT: Final = 100
 gets `429`. A follower costs a socket and a little memory, not a thread, but one tenant must
 not be able to take a node's sockets from the others."""
 
+WEB_KEEP_ALIVE: Final = timedelta(seconds=75)
+"""How long the web keeps an idle HTTP/1.1 connection open for the client's next request. Longer
+than clients and load balancers keep theirs (httpx 5 s, an AWS load balancer 60 s): the side
+that closes an idle connection must be the client, or a request it sends just as the server
+closes is lost with the connection. An idle connection costs a socket, not a thread."""
+
 # --- Stores and providers (tracon-jobs additions) ------------------------------------------
 
 DATABASE_URL: Final = "sqlite:///var/tracon.db"
@@ -221,7 +227,6 @@ DATABASE_URL: Final = "sqlite:///var/tracon.db"
 DATABASE_OUTAGE_RETRY: Final = timedelta(seconds=30)
 """How long an executing run's SQL reads and writes retry a database that stopped answering
 (a restart, a failover) before the run gives up; its claim is kept all along."""
-
 
 REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 """The local Redis every development setup (and compose) offers."""

@@ -342,6 +342,7 @@ class WebSettings(ConfigModel):
 
     max_request_bytes: AtLeastOne = defaults.MAX_REQUEST_BYTES
     max_streams_per_tenant: AtLeastOne = defaults.MAX_STREAMS_PER_TENANT
+    keep_alive: PositiveDuration = defaults.WEB_KEEP_ALIVE
 
 
 class DatabaseSettings(ConfigModel):
