@@ -131,8 +131,8 @@ class TenantStore:
         key_id = parts[1] if len(parts) == 3 and parts[0] == KEY_PREFIX else ""
         row = None
         if key_id:
-            with self.db.read() as session:
-                row = session.execute(_KEY_BY_ID, {"key_id": key_id}).one_or_none()
+            with self.db.read_connection() as connection:
+                row = connection.execute(_KEY_BY_ID, {"key_id": key_id}).one_or_none()
         stored = row.secret_hash if row is not None and row.revoked_at is None else _DUMMY_HASH
         matches = hmac.compare_digest(stored, _digest(key))
         if not matches or row is None:

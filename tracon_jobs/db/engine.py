@@ -92,6 +92,7 @@ class Database:
         self._engine: Engine | None = None
         self._write: sessionmaker[Session] | None = None
         self._read: sessionmaker[Session] | None = None
+        self._read_core: Engine | None = None
         self._autocommit: Engine | None = None
         self._writer = threading.RLock()  # SQLite: see `_one_writer`
 
@@ -165,6 +166,14 @@ class Database:
         with self._read() as session:
             yield session
 
+    @contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """`read` as a Core connection, for hot reads of Core statements (no Session)."""
+        self._ensure_engine()
+        assert self._read_core is not None
+        with self._read_core.connect() as connection:
+            yield connection
+
     def now(self) -> datetime:
         """The database clock, naive UTC: the one clock every host compares against.
 
@@ -199,7 +208,8 @@ class Database:
             engine = self._create_engine()
             self._engine = engine
             self._write = sessionmaker(engine, expire_on_commit=False)
-            self._read = sessionmaker(self._read_engine(engine), expire_on_commit=False)
+            self._read_core = self._read_engine(engine)
+            self._read = sessionmaker(self._read_core, expire_on_commit=False)
             self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
             self._writer = threading.RLock()  # one a fork left held would never be released
             self._pid = os.getpid()

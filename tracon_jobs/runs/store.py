@@ -311,8 +311,8 @@ class RunStore:
         Nothing is published: no tail can be waiting on the feed of a run that did not
         exist, and a tail reads SQL before it first waits, so it finds `RunQueued` there."""
         if self.db.is_sqlite:
-            with self.db.write() as session:
-                run, _event = self.create_in(session, new)
+            with self.db.transaction() as connection:  # Core: no Session around two statements
+                run, _event = self.create_in(connection, new)
             return run
         row = _new_row(new)  # PostgreSQL: the row and its event in one statement
         params = {f"p_{key}": value for key, value in row.items()}
@@ -323,7 +323,7 @@ class RunStore:
         row.update(created_at=now, enqueued_at=now)
         return _detached_run(row)
 
-    def create_in(self, session: Session, new: NewRun) -> tuple[Run, Event]:
+    def create_in(self, session: Executes, new: NewRun) -> tuple[Run, Event]:
         """`create` inside a transaction of the caller's; the caller publishes the event."""
         row = _new_row(new)
         now = session.execute(_CREATE, {**row, **self.db.clock_params()}).scalar_one()
