@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from celery.utils.saferepr import saferepr
 from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client import REGISTRY
@@ -254,6 +255,10 @@ def test_run_ids_agent_and_tenant_travel_as_task_kwargs(
         {"run_id": "no-such-run"},
     ]
     assert all(m["name"] == "tracon.runs.execute" and "args" not in m for m in sent)
+    # what Flower shows for the arguments: as Celery's own saferepr gives them
+    assert [(m["argsrepr"], m["kwargsrepr"]) for m in sent] == [
+        (saferepr(()), saferepr(m["kwargs"])) for m in sent
+    ]
 
 
 def _labels(describe: Callable[[str], Any], run_id: str) -> tuple[str, str] | None:
