@@ -189,8 +189,9 @@ def decode_cursor(cursor: str | None) -> tuple[datetime, str] | None:
 
 @bp.get("/runs/<run_id>/events")
 def run_events(run_id: str) -> Response:
-    owned_run(run_id)
     rt = runtime()
+    if not rt.runs.exists(run_id, tenant_id()):  # every stream opens here: no row loaded
+        raise not_found(f"no run '{run_id}'")
     after = last_event_id()
     if "text/event-stream" in request.headers.get("Accept", ""):
         return live_stream(EventFrames(run_id), after)

@@ -151,6 +151,8 @@ def test_tenants_never_see_each_other(client: FlaskClient, key: str, runtime: Ru
 
     for path in (f"/api/runs/{run_id}", f"/api/runs/{run_id}/events", f"/api/runs/{run_id}/tree"):
         assert client.get(path, headers=auth(other)).status_code == 404
+    live = auth(other, Accept="text/event-stream")  # a live stream is refused before it opens
+    assert client.get(f"/api/runs/{run_id}/events", headers=live).status_code == 404
     assert client.get("/api/runs", headers=auth(other)).get_json()["items"] == []
 
 

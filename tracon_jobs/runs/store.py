@@ -153,6 +153,16 @@ _CREATE_QUEUED = (
     .add_cte(_NEW_RUN, nest_here=True)
 )
 _QUOTAS = cast(Table, TenantQuotaOverride.__table__)
+
+_RUN_OF_TENANT = select(RUNS.c.id).where(
+    RUNS.c.id == bindparam("p_id"), RUNS.c.tenant_id == bindparam("p_tenant")
+)
+_EVENTS_AFTER = (
+    select(EVENTS.c.seq, EVENTS.c.type, EVENTS.c.at, EVENTS.c.data)
+    .where(EVENTS.c.run_id == bindparam("p_id"), EVENTS.c.seq > bindparam("p_after"))
+    .order_by(EVENTS.c.seq)
+    .limit(bindparam("p_limit"))
+)
 _OWN_QUOTA = _QUOTAS.c.tenant_id == RUNS.c.tenant_id
 # the tenant's own quota, which the run checks at its gates: no read of its own
 _CLAIM_WITH_QUOTA = _CLAIM.returning(
@@ -892,16 +902,20 @@ class RunStore:
             return None
         return run
 
+    def exists(self, run_id: str, tenant_id: str) -> bool:
+        """Whether the tenant has this run: one indexed read, no row loaded."""
+        with self.db.read_connection() as connection:
+            return (
+                connection.execute(_RUN_OF_TENANT, {"p_id": run_id, "p_tenant": tenant_id}).first()
+                is not None
+            )
+
     def events(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
-        query = (
-            select(RunEvent)
-            .where(RunEvent.run_id == run_id, RunEvent.seq > after_seq)
-            .order_by(RunEvent.seq)
-            .limit(limit)
-        )
-        with self.db.read() as session:
-            rows = session.scalars(query).all()
-        return [Event(r.run_id, r.seq, r.type, r.at, r.data) for r in rows]
+        """A page of the run's events after `after_seq` (Core: every live stream's read)."""
+        params = {"p_id": run_id, "p_after": after_seq, "p_limit": limit}
+        with self.db.read_connection() as connection:
+            rows = connection.execute(_EVENTS_AFTER, params).all()
+        return [Event(run_id, seq, type_, at, data) for seq, type_, at, data in rows]
 
     def page(
         self, tenant_id: str, filters: RunFilter, *, limit: int, before: tuple[datetime, str] | None
