@@ -91,6 +91,10 @@ def test_without_resume_the_job_fails_with_its_attempts_exhausted(
 
     wait_until(lambda: run_of(runtime, run_id).status == "Failed", timeout=20, what="closed")
     wait_until(lambda: "JobFailed" in types(runtime, run_id), timeout=5, what="job failed")
+    # the scan writes why the run is not continued right after JobFailed, in a write of its own
+    wait_until(
+        lambda: "RunContinuationBlocked" in types(runtime, run_id), timeout=5, what="blocked"
+    )
     run = run_of(runtime, run_id)
     assert run.error_type == "orphaned"
     failed = next(e for e in runtime.runs.events(run_id) if e.type == "JobFailed")
