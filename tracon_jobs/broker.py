@@ -13,19 +13,33 @@ script here, as atomic as the transaction, on the same keys with the same values
 restore of unacknowledged messages (at shutdown, after the visibility timeout) reads them as
 before. Messages, queues and acknowledgements are kombu's own: any Celery worker, Flower or
 client reads what this sends.
+
+kombu hands a consumer one message per `BRPOP`, and records it as delivered in a second round
+trip: two waits of the worker's main thread per message, each for the interpreter's lock
+once the reply is in, which the pool's busy threads hold. A worker that starts on a backlog
+then fills its threads one message every few milliseconds. Here the message `BRPOP` returns
+is recorded together with as many more as the consumer's prefetch has room for, taken from
+the same lists in the same order, in one script: a backlog fills every free thread in one
+turn of the main thread's loop. No more messages are reserved than kombu's own prefetch
+allows, and each one is recorded in kombu's unacked hash before it leaves the script, so a
+worker that dies holding them has them restored as before.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cached_property
+from queue import Empty
 from time import time
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
-from kombu.utils.json import dumps
+from kombu.utils.json import dumps, loads
+
+log = logging.getLogger(__name__)
 
 TRANSPORT = "tracon_jobs.broker:Transport"
 """Celery's `broker_transport` for a `redis://` broker URL."""
@@ -47,6 +61,50 @@ redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 """
 
+TAKE_LUA = """-- The message BRPOP handed over, and up to ARGV[3] more, recorded as delivered.
+-- KEYS[1] unacked_index (zset)   KEYS[2] unacked (hash)   KEYS[3..] lists, in BRPOP's order
+-- ARGV[1] delivery time   ARGV[2] the message BRPOP popped   ARGV[3] how many more
+-- Returns {1 if ARGV[2] was recorded else 0, list, message, list, message, ...}. A message
+-- that is not kombu's (no delivery tag) is not recorded: popped here, it goes back.
+local function record(item)
+  local ok, message = pcall(cjson.decode, item)
+  if not ok or type(message) ~= 'table' or type(message['properties']) ~= 'table' then
+    return false
+  end
+  local properties = message['properties']
+  local info = properties['delivery_info']
+  local tag = properties['delivery_tag']
+  if type(tag) ~= 'string' or type(info) ~= 'table' then
+    return false
+  end
+  local exchange = cjson.encode(info['exchange'] or '')
+  local routing_key = cjson.encode(info['routing_key'] or '')
+  redis.call('ZADD', KEYS[1], ARGV[1], tag)
+  redis.call('HSET', KEYS[2], tag, '[' .. item .. ',' .. exchange .. ',' .. routing_key .. ']')
+  return true
+end
+local taken = {record(ARGV[2]) and 1 or 0}
+local wanted = tonumber(ARGV[3])
+for i = 3, #KEYS do
+  while wanted > 0 do
+    local item = redis.call('RPOP', KEYS[i])
+    if not item then
+      break
+    end
+    if not record(item) then
+      redis.call('RPUSH', KEYS[i], item)
+      return taken
+    end
+    taken[#taken + 1] = KEYS[i]
+    taken[#taken + 1] = item
+    wanted = wanted - 1
+  end
+end
+return taken
+"""
+TAKE_MAX = 128
+"""The most messages one `BRPOP` brings along, whatever room the prefetch has."""
+
 ACKED_LUA = """-- An acknowledged (or dropped) message leaves kombu's unacked hash and index.
 -- KEYS[1] unacked_index (zset)   KEYS[2] unacked (hash)   ARGV[1] delivery tag
 redis.call('ZREM', KEYS[1], ARGV[1])
@@ -58,6 +116,10 @@ class QoS(kombu_redis.QoS):
     """kombu's ack emulation, each of its two transactions as one script."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
+        if delivery_tag in self.recorded:  # by the script that took it (`Channel._take`)
+            self.recorded.discard(delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)
+            return None
         if not self._scripted:
             return super().append(message, delivery_tag)
         delivery = message.delivery_info
@@ -83,6 +145,11 @@ class QoS(kombu_redis.QoS):
         self._acked_script(keys=keys, args=[delivery_tag])
 
     @cached_property
+    def recorded(self) -> set[str]:
+        """Delivery tags already in the unacked hash, whose delivery is under way."""
+        return set()
+
+    @cached_property
     def _scripted(self) -> bool:
         """kombu's own commands when keys get a global prefix (its client adds it)."""
         return not self.channel.global_keyprefix
@@ -96,6 +163,14 @@ class QoS(kombu_redis.QoS):
     def _acked_script(self) -> Any:
         with self.channel.conn_or_acquire() as client:
             return client.register_script(ACKED_LUA)
+
+    @cached_property
+    def take_script(self) -> Any:
+        with self.channel.conn_or_acquire() as client:
+            return client.register_script(TAKE_LUA)
+
+
+TakingQoS = QoS  # the name `QoS` inside `Channel` is kombu's class attribute
 
 
 class Channel(kombu_redis.Channel):
@@ -114,6 +189,87 @@ class Channel(kombu_redis.Channel):
     def close(self) -> None:
         self._shared_client = None  # its pool is disconnected with the channel
         super().close()
+
+    @cached_property
+    def _acked_queues(self) -> set[str]:
+        """Queues consumed with acknowledgements: only those are taken from in batches."""
+        return set()
+
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        if no_ack:
+            self._acked_queues.discard(queue)
+        else:
+            self._acked_queues.add(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def _brpop_read(self, **options: Any) -> bool:
+        """kombu's, but the popped message brings along what the prefetch has room for."""
+        qos = self.qos
+        if not isinstance(qos, TakingQoS) or not qos._scripted:
+            return bool(super()._brpop_read(**options))
+        try:
+            try:
+                popped = self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()  # kombu reconnects on its next turn
+                raise
+            if not popped:
+                raise Empty()
+            taken = self._take(qos, *popped)
+            for index, (queue, payload) in enumerate(taken):
+                try:
+                    self._queue_cycle.rotate(queue)
+                    self.connection._deliver(payload, queue)
+                except BaseException:  # what was not handed over goes back to its queue
+                    self._give_back(qos, taken[index + 1 :])
+                    raise
+            return True
+        finally:
+            self._in_poll = None  # type: ignore[assignment]  # as kombu does
+            self._flush_brpop_reauth()
+
+    def _take(self, qos: TakingQoS, key: bytes, item: bytes) -> list[tuple[str, dict[str, Any]]]:
+        """The popped message, recorded as delivered with up to the prefetch's room more:
+        (queue, message) in the order BRPOP would have handed them over."""
+        queue = self._queue_of(key)
+        if queue not in self._acked_queues:  # nothing to record, nothing to bring along
+            return [(queue, loads(kombu_redis.bytes_to_str(item)))]
+        room = qos.can_consume_max_estimate()
+        more = max(min(TAKE_MAX, room - 1), 0) if room else 0
+        lists = [
+            self._q_for_pri(name, priority)
+            for priority in self.priority_steps
+            for name in self.active_queues
+            if name in self._acked_queues
+        ]
+        keys = [qos.unacked_index_key, qos.unacked_key, *lists]
+        try:
+            reply = qos.take_script(keys=keys, args=[time(), item, more])
+        except Exception:  # delivered as kombu would: its own record, or its own error
+            log.warning("could not record messages taken after a BRPOP", exc_info=True)
+            return [(queue, loads(kombu_redis.bytes_to_str(item)))]
+        recorded, rest = reply[0], reply[1:]
+        taken = [(key, item, bool(recorded))]
+        taken += [(k, i, True) for k, i in zip(rest[::2], rest[1::2], strict=True)]
+        messages = []
+        for list_key, raw, in_unacked in taken:
+            payload = loads(kombu_redis.bytes_to_str(raw))
+            if in_unacked:
+                qos.recorded.add(payload["properties"]["delivery_tag"])
+            messages.append((self._queue_of(list_key), payload))
+        return messages
+
+    def _give_back(self, qos: TakingQoS, messages: list[tuple[str, dict[str, Any]]]) -> None:
+        """Messages taken but not delivered: out of the unacked hash, back on their queues."""
+        for _, payload in messages:
+            tag = payload["properties"]["delivery_tag"]
+            if tag in qos.recorded:
+                qos.recorded.discard(tag)
+                qos.restore_by_tag(tag)
+
+    def _queue_of(self, key: bytes | str) -> str:
+        """The queue of one of its lists (kombu keeps one list per priority step)."""
+        return kombu_redis.bytes_to_str(key).rsplit(self.sep, 1)[0]
 
 
 class Transport(kombu_redis.Transport):

@@ -13,6 +13,7 @@ import logging
 import threading
 from datetime import timedelta
 from functools import cached_property
+from typing import Any
 
 import redis
 from celery import Celery
@@ -261,6 +262,25 @@ class Runtime:
     def reconciler(self) -> Reconciler:
         config = self.settings.run_reconciliation
         return Reconciler(config, self.runs, self.continuations, self.workflow_resumes)
+
+    def open_connections(self) -> None:
+        """As a worker starts: a database and a Redis connection open for each of its
+        threads, so a backlog's first runs do not each open theirs at the same moment."""
+        count = self.settings.worker.concurrency
+        database = self.db.open_connections(count)
+        pool = self.redis.connection_pool
+        opened: list[Any] = []
+        try:
+            for _ in range(count):
+                connection = pool.get_connection()
+                opened.append(connection)
+                connection.connect()
+        except redis.RedisError as exc:  # the rest connect when needed, as they would
+            log.warning("opened %d of %d Redis connections ahead: %s", len(opened), count, exc)
+        finally:
+            for connection in opened:
+                pool.release(connection)
+        log.info("opened %d database and %d Redis connections ahead", database, len(opened))
 
     def close(self) -> None:
         if "leases" in self.__dict__:

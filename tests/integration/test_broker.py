@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
+from typing import Any
 
+import pytest
 import redis
 from celery import Celery
-from kombu import Connection, Queue
+from kombu import Connection, Consumer, Queue
 
 from tracon_jobs.broker import TRANSPORT, Channel, QoS, transport_for
 
@@ -92,3 +95,129 @@ def test_ack_emulation_keeps_kombus_keys_and_restores_as_kombu_does(
         assert not redis_client.hexists("unacked", again.delivery_tag)
         assert redis_client.zscore("unacked_index", again.delivery_tag) is None
         queue.close()
+
+
+def _consume(
+    connection: Connection, name: str, prefetch: int, *, no_ack: bool = False
+) -> tuple[Any, list[Any]]:
+    """A consumer of queue `name` through this transport; what it receives goes in the list."""
+    channel = connection.channel()
+    channel.basic_qos(0, prefetch, False)
+    received: list[Any] = []
+    queue = Queue(name, routing_key=name)
+    consumer = Consumer(
+        channel,
+        queues=[queue],
+        callbacks=[lambda body, message: received.append(message)],
+        accept=["json"],
+        no_ack=no_ack,
+    )
+    consumer.consume()
+    return channel, received
+
+
+def _put(connection: Connection, name: str, count: int) -> None:
+    producer = connection.Producer(serializer="json")
+    for n in range(count):
+        producer.publish({"n": n}, routing_key=name, declare=[Queue(name, routing_key=name)])
+
+
+def test_one_brpop_brings_along_what_the_prefetch_has_room_for(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    # Given ten messages waiting, and a consumer with room for four
+    name = f"test.broker.{uuid.uuid4().hex}"
+    with Connection(redis_url, transport=TRANSPORT) as connection:
+        _put(connection, name, 10)
+        channel, received = _consume(connection, name, prefetch=4)
+
+        # When the consumer's loop reads once
+        connection.drain_events(timeout=5)
+
+        # Then it got four, in the order they were sent, and six still wait on the queue
+        assert [message.payload["n"] for message in received] == [0, 1, 2, 3]
+        assert redis_client.llen(name) == 6
+
+        # And each is recorded as delivered as kombu records it: [message, exchange, key]
+        for message in received:
+            tag = message.delivery_tag
+            assert redis_client.zscore("unacked_index", tag) is not None
+            stored, exchange, routing_key = json.loads(redis_client.hget("unacked", tag) or "")
+            assert stored == message._raw
+            assert (exchange, routing_key) == (
+                message.delivery_info["exchange"],
+                message.delivery_info["routing_key"],
+            )
+
+        # And nothing more is taken until the prefetch has room again
+        assert channel.qos.can_consume_max_estimate() == 0
+        received[0].ack()
+        assert not redis_client.hexists("unacked", received[0].delivery_tag)
+        connection.drain_events(timeout=5)
+        assert [message.payload["n"] for message in received] == [0, 1, 2, 3, 4]
+
+        # And what was taken and never acknowledged goes back as kombu restores it
+        channel.qos.restore_unacked()
+        assert redis_client.llen(name) == 5 + 4
+        assert redis_client.hlen("unacked") == 0
+
+
+def test_a_consumer_without_acknowledgements_takes_one_at_a_time(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    name = f"test.broker.{uuid.uuid4().hex}"
+    with Connection(redis_url, transport=TRANSPORT) as connection:
+        _put(connection, name, 3)
+        _, received = _consume(connection, name, prefetch=10, no_ack=True)
+
+        connection.drain_events(timeout=5)
+
+        assert [message.payload["n"] for message in received] == [0]
+        assert redis_client.llen(name) == 2
+        assert redis_client.hlen("unacked") == 0  # nothing waits for an ack that never comes
+
+
+def test_a_message_that_is_not_kombus_stops_the_batch_and_stays_queued(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    # Given a kombu message, then something else on the same list
+    name = f"test.broker.{uuid.uuid4().hex}"
+    with Connection(redis_url, transport=TRANSPORT) as connection:
+        _put(connection, name, 1)
+        redis_client.lpush(name, b"not a kombu message")
+        _, received = _consume(connection, name, prefetch=10)
+
+        connection.drain_events(timeout=5)
+
+        # Then the kombu message is delivered, and the other is left where it was
+        assert [message.payload["n"] for message in received] == [0]
+        assert redis_client.lrange(name, 0, -1) == [b"not a kombu message"]
+
+
+def test_what_a_failed_delivery_left_undelivered_goes_back_to_its_queue(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    # Given three messages taken together, and a consumer that fails on the first
+    name = f"test.broker.{uuid.uuid4().hex}"
+    with Connection(redis_url, transport=TRANSPORT) as connection:
+        _put(connection, name, 3)
+        channel = connection.channel()
+        channel.basic_qos(0, 10, False)
+
+        def fail(body: Any, message: Any) -> None:
+            raise RuntimeError("the consumer broke")
+
+        Consumer(channel, queues=[Queue(name, routing_key=name)], callbacks=[fail]).consume()
+
+        # When the loop reads, the delivery fails
+        with pytest.raises(RuntimeError):
+            connection.drain_events(timeout=5)
+
+        # Then the two it never handed over are back on the queue, not waiting for an ack
+        assert redis_client.llen(name) == 2
+        assert redis_client.hlen("unacked") == 1  # the one the consumer had, as with kombu
+        queued = [
+            channel.Message(json.loads(raw), channel=channel)
+            for raw in redis_client.lrange(name, 0, -1)
+        ]
+        assert sorted(message.decode()["n"] for message in queued) == [1, 2]

@@ -125,6 +125,7 @@ def log_level() -> str:
 def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = load_runtime()
     app = celery_with_periodic_tasks(runtime)
+    runtime.open_connections()
     argv = [
         "worker",
         "--pool",

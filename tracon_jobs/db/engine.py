@@ -8,6 +8,7 @@ Engines are created after fork: a pooled connection must never cross a process b
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -27,6 +28,8 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+log = logging.getLogger(__name__)
 
 
 def normalize_url(url: str) -> str:
@@ -173,6 +176,23 @@ class Database:
         assert self._read_core is not None
         with self._read_core.connect() as connection:
             yield connection
+
+    def open_connections(self, count: int) -> int:
+        """Fill the pool with up to `count` open connections, as a worker starts: its first
+        runs then find one each instead of all opening theirs at once (a SQLite connection
+        sets up WAL and its pragmas; a PostgreSQL one starts a server process). Stops at
+        the pool's size and at the first connection the database refuses; how many are open.
+        """
+        opened: list[Any] = []
+        try:
+            for _ in range(min(count, self.pool_size)):
+                opened.append(self.engine.raw_connection())
+        except Exception as exc:  # the rest open when a thread needs one, as they would
+            log.warning("opened %d of %d database connections ahead: %s", len(opened), count, exc)
+        finally:
+            for connection in opened:
+                connection.close()  # back to the pool, open
+        return len(opened)
 
     def now(self) -> datetime:
         """The database clock, naive UTC: the one clock every host compares against.

@@ -1,0 +1,41 @@
+"""A worker opens a database and a Redis connection per thread as it starts, so that a
+backlog's first runs find theirs open instead of all opening them at the same moment."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.helpers import MakeRuntime, scripted_agent
+
+DEAD = "postgresql+psycopg://postgres@127.0.0.1:1/tracon"
+
+
+def test_the_pools_hold_one_open_connection_per_worker_thread(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = make_runtime(sql_url, Worker={"Concurrency": 7}, **scripted_agent([]))
+
+    runtime.open_connections()
+
+    pool = runtime.db.engine.pool
+    assert pool.checkedin() == 7 and pool.checkedout() == 0  # type: ignore[attr-defined]
+    redis_pool = runtime.redis.connection_pool
+    idle = redis_pool._available_connections
+    assert len(idle) == 7 and all(connection._sock is not None for connection in idle)
+    runtime.redis.ping()  # and they work
+    with runtime.db.read_connection() as connection:
+        assert connection.exec_driver_sql("SELECT 1").scalar() == 1
+
+
+def test_a_database_that_refuses_leaves_the_worker_starting(
+    make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = make_runtime(DEAD, Worker={"Concurrency": 3}, **scripted_agent([]))
+
+    with caplog.at_level(logging.WARNING):
+        runtime.open_connections()  # does not raise: runs open theirs when they need one
+
+    assert "opened 0 of 3 database connections ahead" in caplog.text
+    assert len(runtime.redis.connection_pool._available_connections) == 3
