@@ -28,6 +28,7 @@ worker that dies holding them has them restored as before.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cached_property
@@ -64,6 +65,7 @@ redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 TAKE_LUA = """-- The message BRPOP handed over, and up to ARGV[3] more, recorded as delivered.
 -- KEYS[1] unacked_index (zset)   KEYS[2] unacked (hash)   KEYS[3..] lists, in BRPOP's order
 -- ARGV[1] delivery time   ARGV[2] the message BRPOP popped   ARGV[3] how many more
+-- ARGV[4..] delivery tags acknowledged since the last call: out of the hash and index first
 -- Returns {1 if ARGV[2] was recorded else 0, list, message, list, message, ...}. A message
 -- that is not kombu's (no delivery tag) is not recorded: popped here, it goes back.
 local function record(item)
@@ -82,6 +84,11 @@ local function record(item)
   redis.call('ZADD', KEYS[1], ARGV[1], tag)
   redis.call('HSET', KEYS[2], tag, '[' .. item .. ',' .. exchange .. ',' .. routing_key .. ']')
   return true
+end
+if #ARGV > 3 then
+  local acked = {unpack(ARGV, 4)}
+  redis.call('ZREM', KEYS[1], unpack(acked))
+  redis.call('HDEL', KEYS[2], unpack(acked))
 end
 local taken = {record(ARGV[2]) and 1 or 0}
 local wanted = tonumber(ARGV[3])
@@ -105,15 +112,23 @@ return taken
 TAKE_MAX = 128
 """The most messages one `BRPOP` brings along, whatever room the prefetch has."""
 
-ACKED_LUA = """-- An acknowledged (or dropped) message leaves kombu's unacked hash and index.
--- KEYS[1] unacked_index (zset)   KEYS[2] unacked (hash)   ARGV[1] delivery tag
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
+ACKED_LUA = """-- Acknowledged (or dropped) messages leave kombu's unacked hash and index.
+-- KEYS[1] unacked_index (zset)   KEYS[2] unacked (hash)   ARGV delivery tags
+redis.call('ZREM', KEYS[1], unpack(ARGV))
+redis.call('HDEL', KEYS[2], unpack(ARGV))
 """
+ACK_DELAY_SECONDS = 0.05
+"""How long an acknowledgement may wait to go with others (see `QoS.ack`)."""
 
 
 class QoS(kombu_redis.QoS):
     """kombu's ack emulation, each of its two transactions as one script."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._acks: list[str] = []  # acknowledged here, not yet out of Redis
+        self._acks_lock = threading.Lock()
+        self._acks_timer: threading.Timer | None = None
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self.recorded:  # by the script that took it (`Channel._take`)
@@ -129,20 +144,61 @@ class QoS(kombu_redis.QoS):
         virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
+        """Acknowledged at once in this process; in Redis with the others of the next 50 ms.
+
+        A worker acknowledges each message as its task starts, on the pool's thread: one
+        round trip each, in the run's path before its first model call. Here the tag waits
+        for the channel's next take of messages (the same script) or for a timer, whichever
+        comes first, and all waiting tags leave the unacked hash in one call. A worker that
+        dies within that time leaves them in the hash; kombu restores them after the
+        visibility timeout, and the run's claim drops the repeated delivery.
+        """
         if not self._scripted:
             return super().ack(delivery_tag)
-        self._forget(delivery_tag)
+        self.flush_acks_later([delivery_tag])
         virtual.QoS.ack(self, delivery_tag)
+
+    def flush_acks_later(self, delivery_tags: list[str]) -> None:
+        """Tags to remove from Redis with the next take, or when the timer fires."""
+        with self._acks_lock:
+            self._acks.extend(delivery_tags)
+            if self._acks_timer is None:
+                self._acks_timer = threading.Timer(ACK_DELAY_SECONDS, self.flush_acks)
+                self._acks_timer.daemon = True
+                self._acks_timer.start()
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue or not self._scripted:
             return super().reject(delivery_tag, requeue)
-        self._forget(delivery_tag)
+        self._forget([delivery_tag])
         virtual.QoS.ack(self, delivery_tag)
 
-    def _forget(self, delivery_tag: str) -> None:
+    def take_acks(self) -> list[str]:
+        """The acknowledged tags not yet out of Redis, for a script that removes them."""
+        with self._acks_lock:
+            acks, self._acks = self._acks, []
+            return acks
+
+    def flush_acks(self) -> None:
+        """Remove every acknowledged tag still in Redis, now."""
+        with self._acks_lock:
+            acks, self._acks = self._acks, []
+            self._acks_timer = None
+        if not acks:
+            return
+        try:
+            self._forget(acks)
+        except Exception as exc:  # restored after the visibility timeout, then dropped
+            log.warning("could not remove %d acknowledged messages: %s", len(acks), exc)
+
+    def restore_unacked(self, client: Any = None) -> None:
+        self.flush_acks()
+        super().restore_unacked(client)
+
+    def _forget(self, delivery_tags: list[str]) -> None:
         keys = [self.unacked_index_key, self.unacked_key]
-        self._acked_script(keys=keys, args=[delivery_tag])
+        self._acked_script(keys=keys, args=delivery_tags)
+
 
     @cached_property
     def recorded(self) -> set[str]:
@@ -243,10 +299,13 @@ class Channel(kombu_redis.Channel):
             if name in self._acked_queues
         ]
         keys = [qos.unacked_index_key, qos.unacked_key, *lists]
+        acks = qos.take_acks()
         try:
-            reply = qos.take_script(keys=keys, args=[time(), item, more])
+            reply = qos.take_script(keys=keys, args=[time(), item, more, *acks])
         except Exception:  # delivered as kombu would: its own record, or its own error
             log.warning("could not record messages taken after a BRPOP", exc_info=True)
+            if acks:
+                qos.flush_acks_later(acks)
             return [(queue, loads(kombu_redis.bytes_to_str(item)))]
         recorded, rest = reply[0], reply[1:]
         taken = [(key, item, bool(recorded))]

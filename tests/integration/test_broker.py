@@ -12,7 +12,9 @@ import redis
 from celery import Celery
 from kombu import Connection, Consumer, Queue
 
-from tracon_jobs.broker import TRANSPORT, Channel, QoS, transport_for
+from tracon_jobs import broker
+from tracon_jobs.broker import ACK_DELAY_SECONDS, TRANSPORT, Channel, QoS, transport_for
+from tracon_jobs.cli.supervisor import wait_until
 
 
 def test_a_channel_hands_out_one_client_for_every_operation(redis_url: str) -> None:
@@ -90,9 +92,13 @@ def test_ack_emulation_keeps_kombus_keys_and_restores_as_kombu_does(
         again = queue.get(timeout=5)
         assert again.payload == {"n": 1}
 
-        # And an acknowledged message leaves both at once
+        # And an acknowledged message leaves both within the acknowledgements' delay
         again.ack()
-        assert not redis_client.hexists("unacked", again.delivery_tag)
+        wait_until(
+            lambda: not redis_client.hexists("unacked", again.delivery_tag),
+            timeout=ACK_DELAY_SECONDS + 2,
+            what="the acknowledged message out of the unacked hash",
+        )
         assert redis_client.zscore("unacked_index", again.delivery_tag) is None
         queue.close()
 
@@ -152,13 +158,12 @@ def test_one_brpop_brings_along_what_the_prefetch_has_room_for(
         # And nothing more is taken until the prefetch has room again
         assert channel.qos.can_consume_max_estimate() == 0
         received[0].ack()
-        assert not redis_client.hexists("unacked", received[0].delivery_tag)
         connection.drain_events(timeout=5)
         assert [message.payload["n"] for message in received] == [0, 1, 2, 3, 4]
 
         # And what was taken and never acknowledged goes back as kombu restores it
         channel.qos.restore_unacked()
-        assert redis_client.llen(name) == 5 + 4
+        assert redis_client.llen(name) == 5 + 4  # not the acknowledged one
         assert redis_client.hlen("unacked") == 0
 
 
@@ -221,3 +226,30 @@ def test_what_a_failed_delivery_left_undelivered_goes_back_to_its_queue(
             for raw in redis_client.lrange(name, 0, -1)
         ]
         assert sorted(message.decode()["n"] for message in queued) == [1, 2]
+
+
+def test_acknowledgements_go_with_the_next_take_or_at_shutdown(
+    redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(broker, "ACK_DELAY_SECONDS", 60)  # only the take or a restore
+    name = f"test.broker.{uuid.uuid4().hex}"
+    with Connection(redis_url, transport=TRANSPORT) as connection:
+        _put(connection, name, 2)
+        channel, received = _consume(connection, name, prefetch=1)
+        connection.drain_events(timeout=5)
+        first = received[0]
+
+        # When a message is acknowledged, it is still in Redis's unacked hash a while
+        first.ack()
+        assert redis_client.hexists("unacked", first.delivery_tag)
+
+        # Then the next take removes it, in the same call
+        connection.drain_events(timeout=5)
+        assert not redis_client.hexists("unacked", first.delivery_tag)
+        assert redis_client.zscore("unacked_index", first.delivery_tag) is None
+
+        # And one acknowledged before a shutdown's restore is removed, not restored
+        second = received[1]
+        second.ack()
+        channel.qos.restore_unacked()
+        assert redis_client.hlen("unacked") == 0 and redis_client.llen(name) == 0
