@@ -182,11 +182,14 @@ class Monitor:
         return [(client, name) for at, client, name in list(self.seen) if start <= at <= end]
 
 
+DEFERRED = ("budget_spend", "quota_spend", "breaker_record")
+"""The scripts called without waiting for their reply (`Scripts.__call__(reply=False)`)."""
+
+
 def script_names() -> dict[str, str]:
     """The SHA1 of every Lua script tracon loads -> its name, to tell EVALSHA calls apart;
     scripts run together in one call (`coordination.scripts.deferring`) as `a+b+c`."""
     from tracon_jobs import broker
-    from tracon_jobs.coordination import event_feed
     from tracon_jobs.coordination.scripts import LUA, composed_source
 
     sources = {path.stem: path.read_text() for path in LUA.glob("*.lua")}
@@ -194,9 +197,14 @@ def script_names() -> dict[str, str]:
     for count in (2, 3):
         for combo in itertools.product(names, repeat=count):
             sources["+".join(combo)] = composed_source(combo)
-    sources["event_publish"] = event_feed.PUBLISH_LUA
+    # the deferred ones (a spend, a quota's spend, a success) ahead of the call that needs a reply
+    for deferred in itertools.product(DEFERRED, repeat=3):
+        for name in names:
+            combo = (*deferred, name)
+            sources["+".join(combo)] = composed_source(combo)
     sources["kombu_delivered"] = broker.DELIVERED_LUA  # kombu's ack emulation, as scripts
     sources["kombu_acked"] = broker.ACKED_LUA
+    sources["kombu_take"] = broker.TAKE_LUA
     return {hashlib.sha1(text.encode()).hexdigest(): name for name, text in sources.items()}
 
 

@@ -199,7 +199,6 @@ class QoS(kombu_redis.QoS):
         keys = [self.unacked_index_key, self.unacked_key]
         self._acked_script(keys=keys, args=delivery_tags)
 
-
     @cached_property
     def recorded(self) -> set[str]:
         """Delivery tags already in the unacked hash, whose delivery is under way."""

@@ -21,6 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tracon_jobs.coordination.scripts import deferring
 from tracon_jobs.embedded_redis import free_port
 from tracon_jobs.errors import ProviderUnavailableError
 from tracon_jobs.resilience.breaker import (
@@ -385,6 +386,10 @@ class CountingStore:
         self.outcomes.append(outcome)
         return self.inner.record(provider, policy, token, outcome, retry_after_ms)
 
+    def note_success(self, provider: str, policy: BreakerPolicy, token: str) -> None:
+        self.outcomes.append("success")
+        self.inner.note_success(provider, policy, token)
+
     def snapshot(self, provider: str) -> CircuitSnapshot:
         return self.inner.snapshot(provider)
 
@@ -470,3 +475,30 @@ def test_facade_release_frees_an_unfinished_probe(h: Harness) -> None:
         breaker.admit(P)
     breaker.release(probe)
     assert breaker.admit(P).probe
+
+
+def test_a_success_that_was_no_probe_goes_with_the_next_call_and_a_probes_at_once(
+    h: Harness,
+) -> None:
+    # Given a closed circuit that counted one failure
+    breaker = CircuitBreaker(h.store, replace(SHORT, threshold=3))
+    breaker.failure(breaker.admit(P))
+    assert h.store.snapshot(P).failures == 1
+
+    # When a call admitted while it was closed succeeds, in a block that defers
+    with deferring():
+        assert breaker.success(breaker.admit(P)) is None  # nothing to report: it stays closed
+        if h.client is not None:  # Redis: it waits for the block's end or the next call
+            assert h.store.snapshot(P).failures == 1
+
+    # Then the circuit forgot its failure once the block ended
+    assert h.store.snapshot(P).failures == 0
+
+    # And a probe's success closes the circuit at once, with its transition
+    h.half_open(SHORT)
+    probe = breaker.admit(P)
+    assert probe.probe
+    with deferring():
+        change = breaker.success(probe)
+        assert change is not None and (change.before, change.after) == ("half_open", "closed")
+        assert h.store.snapshot(P).state == "closed"

@@ -20,20 +20,13 @@ from typing import Any, Protocol
 
 import redis
 
+from tracon_jobs.coordination.scripts import Scripts
+
 log = logging.getLogger(__name__)
 
 STREAM_MAXLEN = 100
 STREAM_TTL_SECONDS = 24 * 3600
 
-PUBLISH_LUA = """
--- KEYS[1]: the run's stream. ARGV: seq, maxlen (approximate), ttl seconds, the
--- notification channel, the run id.
--- The append, its TTL and the notification of listening web processes in one call: one
--- round trip, and the stream never outlives its last event by more than the TTL.
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'seq', ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
-"""
 LISTEN_RETRY_SECONDS = 1.0
 LISTEN_READY_SECONDS = 5.0
 
@@ -68,7 +61,7 @@ class RedisEventFeed:
     def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
         self.client = client
         self.prefix = prefix
-        self._publish = client.register_script(PUBLISH_LUA)  # reloads itself after a flush
+        self.scripts = Scripts(client)  # with the spends and records deferred before it
 
     def key(self, run_id: str) -> str:
         return f"{self.prefix}:run-events:{run_id}"
@@ -80,7 +73,7 @@ class RedisEventFeed:
     def publish(self, run_id: str, seq: int) -> None:
         args: list[str | int] = [seq, STREAM_MAXLEN, STREAM_TTL_SECONDS, self.channel, run_id]
         try:
-            self._publish(keys=[self.key(run_id)], args=args)
+            self.scripts("feed_publish", [self.key(run_id)], args)
         except redis.RedisError as exc:  # SQL has the event; tails fall back to polling
             log.warning("event feed publish failed for run %s: %s", run_id, exc)
 

@@ -151,6 +151,11 @@ class BreakerStore(Protocol):
         retry_after_ms: int = 0,
     ) -> Transition: ...
 
+    def note_success(self, provider: str, policy: BreakerPolicy, token: str) -> None:
+        """`record` a success of a call that was no probe, without waiting for the reply:
+        it never moves the state (a closed circuit only forgets its failures)."""
+        ...
+
     def snapshot(self, provider: str) -> CircuitSnapshot: ...
 
 
@@ -183,6 +188,9 @@ class MemoryBreakerStore:
                 circuit, policy, now, token, outcome, retry_after_ms
             )
             return change
+
+    def note_success(self, provider: str, policy: BreakerPolicy, token: str) -> None:
+        self.record(provider, policy, token, "success")
 
     def snapshot(self, provider: str) -> CircuitSnapshot:
         with self._lock:
@@ -224,6 +232,10 @@ class RedisBreakerStore:
         )
         before, after, failures, open_until = reply
         return Transition(_state(before), _state(after), int(failures), int(open_until))
+
+    def note_success(self, provider: str, policy: BreakerPolicy, token: str) -> None:
+        args = ["success", token, policy.threshold, policy.break_ms, 0]
+        self.scripts("breaker_record", self.keys(provider), args, reply=False)
 
     def snapshot(self, provider: str) -> CircuitSnapshot:
         key, probes_key = self.keys(provider)
@@ -316,7 +328,18 @@ class CircuitBreaker:
         if ticket.succeeded:
             return None
         ticket.succeeded = True
-        return self._record(ticket, "success")
+        if ticket.probe:  # the probe's success closes the circuit: its transition is reported
+            return self._record(ticket, "success")
+        if ticket.tracked:  # goes with the store's next call (`coordination.scripts.deferring`)
+            try:
+                self.store.note_success(ticket.provider, self.policy, ticket.token)
+            except redis.RedisError as exc:
+                log.warning(
+                    "circuit store unreachable; success of %s not recorded: %s",
+                    ticket.provider,
+                    exc,
+                )
+        return None
 
     def failure(self, ticket: Ticket, retry_after: float | None = None) -> Transition | None:
         if ticket.failed:

@@ -146,7 +146,9 @@ class RunExecutor:
             return "dropped"
         claim, run, own_quota = claimed
         try:  # the claim's transaction takes the first model call's `ModelCallStarted` along
-            with logs.run_context(run_id, agent=run.agent):
+            # Redis calls nobody waits for (a spend, a success) go with the next call on the
+            # same client, at the latest with the final event's publish: one round trip
+            with logs.run_context(run_id, agent=run.agent), deferring():
                 return self._execute_claimed(claim, run, own_quota)
         finally:
             self.runs.let_go(claim)
@@ -540,7 +542,7 @@ class RunExecutor:
             float(amount),
             currency,
         )
-        with deferring():  # the spends wait for the circuit's record, in one round trip
+        with deferring():  # the spends wait for the next call that needs a reply (`execute`)
             ex.tree_budget().spent(
                 released=reserved,
                 tokens=response.usage.total_tokens,
