@@ -125,6 +125,22 @@ class Hang:
 
 
 @dataclass(frozen=True)
+class Raw:
+    """Answer 200 with `body` as it is (JSON or not): a provider that misbehaves."""
+
+    body: bytes
+    content_type: str = "application/json"
+
+    def respond(self, exchange: Exchange) -> None:
+        handler = exchange._handler
+        handler.send_response(200)
+        handler.send_header("Content-Type", self.content_type)
+        handler.send_header("Content-Length", str(len(self.body)))
+        handler.end_headers()
+        handler.wfile.write(self.body)
+
+
+@dataclass(frozen=True)
 class Drop:
     """Close the connection without a response, as a crashing upstream would."""
 

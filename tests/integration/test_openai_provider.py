@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import threading
 import time
@@ -12,6 +13,7 @@ from multiprocessing.queues import Queue
 import pytest
 
 from tests.stub_provider import (
+    Raw,
     StubProvider,
     StubToolCall,
     drop,
@@ -22,7 +24,7 @@ from tests.stub_provider import (
     tool_calls,
 )
 from tracon_jobs.abort import AbortSignal
-from tracon_jobs.errors import ProviderError
+from tracon_jobs.errors import ContentBlockedError, ProviderError
 from tracon_jobs.providers.base import ModelRequest
 from tracon_jobs.providers.openai import OpenAIProvider, parse_retry_after
 
@@ -102,6 +104,55 @@ def test_several_tool_calls_keep_their_order(stub: StubProvider, provider: OpenA
     response = provider.complete(request(), AbortSignal())
 
     assert [call.name for call in response.tool_calls] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "says"),
+    [
+        (b"<html>bad gateway</html>", "text/html", "not a JSON chat completion"),
+        (b'{"choices": [', "application/json", "not a JSON chat completion"),
+        (b'{"id": "x", "choices": []}', "application/json", "a completion without choices"),
+        (
+            b'{"choices": [{"message": {"tool_calls": [{"id": "c1", "type": "function"}]}}]}',
+            "application/json",
+            "a tool call without its id, name or arguments",
+        ),
+    ],
+)
+def test_an_answer_that_is_no_completion_is_a_connection_error(
+    stub: StubProvider, provider: OpenAIProvider, body: bytes, content_type: str, says: str
+) -> None:
+    stub.enqueue(Raw(body, content_type))
+
+    error = failure(provider)
+
+    assert error.kind == "connection" and says in str(error)
+
+
+def test_a_minimal_completion_and_a_custom_tool_call_are_read(
+    stub: StubProvider, provider: OpenAIProvider
+) -> None:
+    # Given a server that leaves out usage, model and finish reason, and calls a custom tool
+    call = {"id": "c9", "type": "custom", "custom": {"name": "grep", "input": "needle"}}
+    stub.enqueue(Raw(json.dumps({"choices": [{"message": {"tool_calls": [call]}}]}).encode()))
+
+    response = provider.complete(request(), AbortSignal())
+
+    assert response.model == "gpt-test" and response.finish_reason == "stop"
+    assert response.text is None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (0, 0)
+    [tool] = response.tool_calls
+    assert (tool.id, tool.name, tool.arguments) == ("c9", "grep", "needle")
+
+
+def test_an_answer_stopped_by_the_content_filter_is_blocked(
+    stub: StubProvider, provider: OpenAIProvider
+) -> None:
+    choice = {"message": {"content": None}, "finish_reason": "content_filter"}
+    stub.enqueue(Raw(json.dumps({"choices": [choice]}).encode()))
+
+    with pytest.raises(ContentBlockedError, match="content filter"):
+        provider.complete(request(), AbortSignal())
 
 
 def test_request_carries_the_options_as_given(stub: StubProvider, provider: OpenAIProvider) -> None:
