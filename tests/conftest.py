@@ -58,6 +58,12 @@ SESSION_DB = 8 + (
 """A Redis database of its own for each test session (8-15), flushed before every test, so
 two sessions on one machine do not flush each other's state; the workers of one parallel
 session (pytest-xdist `gw0`, `gw1`, ...) get consecutive ones."""
+XDIST_INDEX = int(_XDIST_WORKER[2:]) if _XDIST_WORKER.startswith("gw") else 0
+DEV_REDIS_DB = 1 + XDIST_INDEX % 3
+CLUSTER_REDIS_DB = 4 + XDIST_INDEX % 4
+"""Databases outside 8-15 (the sessions') and 0 (`make run`'s) for tests whose workers must
+not consume another test's queue: the dev tests' (1-3) and the idempotency races' (4-7), one
+per parallel worker of the session."""
 LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 THREAD_JOIN_SECONDS = 10.0
 """How long teardown waits for the executor threads a test started before failing it."""

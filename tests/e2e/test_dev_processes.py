@@ -36,6 +36,8 @@ from typing import Any
 import pytest
 import redis
 
+from tests.conftest import DEV_REDIS_DB
+
 pytestmark = pytest.mark.e2e
 
 SOURCE = Path(__file__).resolve().parents[2]
@@ -95,10 +97,10 @@ def free_port() -> int:
 
 @pytest.fixture
 def own_redis_url(redis_url: str) -> Iterator[str]:
-    """The test Redis server, on a database (1-7) that neither `make run` (0) nor a test
-    session (8-15, each flushing its own) uses, so no other worker consumes dev's runs;
-    flushed before and after."""
-    url = f"{redis_url.rsplit('/', 1)[0]}/{1 + os.getpid() % 7}"
+    """The test Redis server, on a database that neither `make run` (0) nor a test session
+    (8-15, each flushing its own) uses, so no other worker consumes dev's runs; flushed before
+    and after."""
+    url = f"{redis_url.rsplit('/', 1)[0]}/{DEV_REDIS_DB}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     yield url

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from tests.conftest import CLUSTER_REDIS_DB
 from tests.e2e.cluster import Cluster, wait_for_log, wait_until
 from tests.helpers import MakeRuntime, scripted_agent
 from tracon_jobs.idempotency import IdempotencyStore
@@ -26,14 +27,11 @@ BODY = b'{"message": "Prepare the customer-safe status for ticket 4182."}'
 PATH = "/api/agents/demo/run"
 
 
-PRIVATE_REDIS_DB = 12
-
-
 @pytest.fixture
 def cluster_redis_url(redis_url: str) -> Iterator[str]:
     """A Redis database of these tests' own: a worker of any other test session sharing the
     server consumes from the test database's queue and would drop our runs as unknown."""
-    url = f"{redis_url.rsplit('/', 1)[0]}/{PRIVATE_REDIS_DB}"
+    url = f"{redis_url.rsplit('/', 1)[0]}/{CLUSTER_REDIS_DB}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     yield url
