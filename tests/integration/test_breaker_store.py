@@ -375,6 +375,11 @@ class CountingStore:
     def admit(self, provider: str, policy: BreakerPolicy, token: str) -> Admission:
         return self.inner.admit(provider, policy, token)
 
+    def admit_later(
+        self, provider: str, policy: BreakerPolicy, token: str
+    ) -> Callable[[], Admission]:
+        return self.inner.admit_later(provider, policy, token)
+
     def record(
         self,
         provider: str,

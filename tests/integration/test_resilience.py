@@ -219,6 +219,29 @@ def test_open_circuit_moves_to_the_fallback_without_calling_the_primary(
     assert (run.model_attempts or [])[0]["outcome"] == "rejected"
 
 
+def test_a_rejected_link_hands_back_the_tokens_its_first_gate_reserved(
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    stub_provider: StubProvider,
+) -> None:
+    # Given a tree token budget (each model call reserves tokens at its gate) and an open circuit
+    sections = chain(stub_provider, CircuitBreaker={"FailureThreshold": 1})
+    sections["AgentGraph"] = {"MaxTotalTokens": 100_000}
+    runtime = make_runtime(sqlite_url, **sections)
+    stub_provider.default = error(500)
+    run_once(runtime)  # opens the circuit
+
+    # When a run's link is rejected (its admission is read with its first gate's reservation)
+    run = run_once(runtime)
+
+    # Then it failed without calling, and its tree holds no reservation for the call not made
+    assert run.error_type == "provider_unavailable"
+    assert len(stub_provider.requests) == 1
+    budget = runtime.budgets.key(run.id)
+    assert runtime.redis.hget(budget, "reserved") == b"0"
+    assert "ModelCallStarted" not in types(runtime, run)
+
+
 def test_retry_after_longer_than_the_break_extends_it(
     make_runtime: MakeRuntime,
     sqlite_url: str,

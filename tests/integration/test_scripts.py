@@ -13,7 +13,7 @@ import redis
 from tracon_jobs.coordination.scripts import Call, Scripts, deferring
 from tracon_jobs.embedded_redis import free_port
 from tracon_jobs.resilience.breaker import BreakerPolicy, RedisBreakerStore
-from tracon_jobs.resilience.budgets import RedisBudgetStore, Totals
+from tracon_jobs.resilience.budgets import Limits, RedisBudgetStore, Totals
 from tracon_jobs.resilience.quotas import RedisQuotaStore, window_of
 
 POLICY = BreakerPolicy(threshold=3, break_ms=1000, max_probes=1, probe_lease_ms=1000)
@@ -129,3 +129,40 @@ def test_a_failed_round_trip_says_which_deferred_scripts_it_lost(
 
     # Then the caller sees its own failure, and the log names what went with it
     assert "deferred scripts not run (budget_spend)" in caplog.text
+
+
+def test_an_admission_sent_later_goes_with_the_budget_gate_in_one_evalsha(
+    client: CountingRedis,
+) -> None:
+    # Given a closed circuit and a tree budget with a token limit
+    breaker, budgets = RedisBreakerStore(client), RedisBudgetStore(client)
+    budgets.open("root", Totals())
+    limits = Limits(depth=3, tokens=1000, cost=None, runs=None, duration=None)
+    with deferring():  # loads the composed script
+        admission = breaker.admit_later("p", POLICY, "warm")
+        budgets.gate("root", "model", limits, reserve=1)
+        admission()
+    client.sent.clear()
+
+    with deferring():
+        # When the admission is asked for, then the gate runs
+        admission = breaker.admit_later("p", POLICY, "t1")
+        assert not client.sent  # nothing sent yet
+        verdict = budgets.gate("root", "model", limits, reserve=100)
+
+        # Then both went in one round trip, and the admission's reply is there without another
+        assert dict(client.sent) == {"EVALSHA": 1}
+        assert admission().allowed and verdict.allowed
+        assert dict(client.sent) == {"EVALSHA": 1}
+
+
+def test_an_admission_nobody_sent_on_goes_when_its_reply_is_read(client: CountingRedis) -> None:
+    breaker = RedisBreakerStore(client)
+    with deferring():
+        admission = breaker.admit_later("p", POLICY, "t1")
+        assert not client.sent
+
+        assert admission().allowed  # read before any other call: sent on its own
+
+        assert dict(client.sent) == {"EVALSHA": 1}
+    assert dict(client.sent) == {"EVALSHA": 1}  # and not again when the block ends

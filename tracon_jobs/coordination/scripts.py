@@ -2,10 +2,12 @@
 
 Calls whose reply nobody waits for (a spend) may be deferred inside `deferring()`: they
 run, in order, in one `EVALSHA` with the next call on the same client that needs its
-reply, or when the block ends. The scripts are composed into one program, each body a
-function of its own `KEYS` and `ARGV`, so each keeps its own semantics and the whole runs
-atomically. Keys of different hash slots in one script are fine on the one Redis server
-this project runs on (it does not support Redis Cluster).
+reply, or when the block ends. A call whose reply is wanted a little later (`later`: a
+circuit's admission, read after the budget gate that follows it) goes the same way. The
+scripts are composed into one program, each body a function of its own `KEYS` and `ARGV`,
+so each keeps its own semantics and the whole runs atomically. Keys of different hash
+slots in one script are fine on the one Redis server this project runs on (it does not
+support Redis Cluster).
 """
 
 from __future__ import annotations
@@ -61,11 +63,33 @@ def composed_source(names: tuple[str, ...]) -> str:
     return "\n".join(parts)
 
 
+@dataclass
+class Later:
+    """The reply of a call sent with the next call on its client (`Scripts.later`)."""
+
+    owner: Scripts
+    done: bool = False
+    value: Any = None
+    error: BaseException | None = None
+
+    def reply(self) -> Any:
+        """The call's reply, sending it (with whatever waits on its client) if still queued."""
+        if not self.done:
+            self.owner.run_all(self.owner._take_deferred())
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def settle(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.done, self.value, self.error = True, value, error
+
+
 @dataclass(frozen=True)
 class Call:
     name: str
     keys: list[str]
     args: list[Any]
+    later: Later | None = None  # who waits for the reply of a call sent with a later one
 
 
 class _Deferred(threading.local):
@@ -123,8 +147,33 @@ class Scripts:
                     raise
         return self._script(name, (name,))(keys=keys, args=args)
 
+    def later(self, name: str, keys: list[str], args: list[Any]) -> Later:
+        """A call whose reply is wanted but not yet: inside `deferring` it goes with the
+        next call on this client, or when `reply()` is first asked for; else at once."""
+        later = Later(self)
+        call = Call(name, keys, args, later)
+        if _deferred.depth:
+            _deferred.calls.append((self, call))
+        else:
+            self.run_all([call])
+        return later
+
     def run_all(self, calls: Sequence[Call]) -> list[Any]:
-        """Several scripts in one EVALSHA, atomically and in order: each one's reply."""
+        """Several scripts in one EVALSHA, atomically and in order: each one's reply (and
+        to each call sent for a `Later`, its own)."""
+        try:
+            replies = self._run_all(calls)
+        except BaseException as exc:
+            for call in calls:
+                if call.later is not None:
+                    call.later.settle(error=exc)
+            raise
+        for call, reply in zip(calls, replies, strict=True):
+            if call.later is not None:
+                call.later.settle(reply)
+        return replies
+
+    def _run_all(self, calls: Sequence[Call]) -> list[Any]:
         if len(calls) == 1:
             only = calls[0]
             return [self._script(only.name, (only.name,))(keys=only.keys, args=only.args)]

@@ -142,6 +142,13 @@ def _same(circuit: Circuit) -> Transition:
 class BreakerStore(Protocol):
     def admit(self, provider: str, policy: BreakerPolicy, token: str) -> Admission: ...
 
+    def admit_later(
+        self, provider: str, policy: BreakerPolicy, token: str
+    ) -> Callable[[], Admission]:
+        """`admit` whose reply is read when the result is called (it may ride along with
+        the store's next call)."""
+        ...
+
     def record(
         self,
         provider: str,
@@ -172,6 +179,12 @@ class MemoryBreakerStore:
             circuit = self._circuits.get(provider, Circuit())
             self._circuits[provider], admission = admit(circuit, policy, self.clock(), token)
             return admission
+
+    def admit_later(
+        self, provider: str, policy: BreakerPolicy, token: str
+    ) -> Callable[[], Admission]:
+        admission = self.admit(provider, policy, token)
+        return lambda: admission
 
     def record(
         self,
@@ -211,11 +224,19 @@ class RedisBreakerStore:
         return [base, f"{base}:probes"]
 
     def admit(self, provider: str, policy: BreakerPolicy, token: str) -> Admission:
-        reply = self.scripts(
-            "breaker_admit", self.keys(provider), [policy.max_probes, policy.probe_lease_ms, token]
-        )
-        allowed, probe, retry, before, after = reply
-        return Admission(bool(allowed), bool(probe), int(retry), _state(before), _state(after))
+        return self.admit_later(provider, policy, token)()
+
+    def admit_later(
+        self, provider: str, policy: BreakerPolicy, token: str
+    ) -> Callable[[], Admission]:
+        args = [policy.max_probes, policy.probe_lease_ms, token]
+        later = self.scripts.later("breaker_admit", self.keys(provider), args)
+
+        def admission() -> Admission:
+            allowed, probe, retry, before, after = later.reply()
+            return Admission(bool(allowed), bool(probe), int(retry), _state(before), _state(after))
+
+        return admission
 
     def record(
         self,
@@ -308,13 +329,32 @@ class CircuitBreaker:
 
     def admit(self, provider: str) -> Ticket:
         """A ticket for the link's loop, or ProviderUnavailableError while open."""
+        return self.admit_later(provider)()
+
+    def admit_later(self, provider: str) -> Callable[[], Ticket]:
+        """`admit`, sent with the store's next call (inside `coordination.scripts.deferring`:
+        the executor's budget gate before the link's first model call) instead of a round
+        trip of its own. Calling the result gives the ticket, or raises as `admit` does."""
         token = uuid.uuid4().hex
         if not self.enabled:
-            return Ticket(provider, token, probe=False, tracked=False)
+            untracked = Ticket(provider, token, probe=False, tracked=False)
+            return lambda: untracked
         try:
-            admission = self.store.admit(provider, self.policy, token)
+            pending = self.store.admit_later(provider, self.policy, token)
         except redis.RedisError as exc:
-            return self._without_store(provider, token, exc)
+            without = self._without_store(provider, token, exc)
+            return lambda: without
+
+        def ticket() -> Ticket:
+            try:
+                admission = pending()
+            except redis.RedisError as exc:
+                return self._without_store(provider, token, exc)
+            return self._ticket(provider, token, admission)
+
+        return ticket
+
+    def _ticket(self, provider: str, token: str, admission: Admission) -> Ticket:
         changed = admission.before != admission.after
         if changed:
             log.warning("circuit %s: %s -> %s", provider, admission.before, admission.after)

@@ -65,6 +65,14 @@ class LinkFailed(Exception):
         self.transient = transient
 
 
+class LinkRejected(Exception):
+    """The circuit refused a link's loop (its admission read with the link's first gate)."""
+
+    def __init__(self, error: ProviderError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclass
 class Execution:
     """What one execution of a claimed run carries from step to step."""

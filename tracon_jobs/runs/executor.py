@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -52,6 +53,7 @@ from tracon_jobs.runs.execution import (
     Execution,
     Link,
     LinkFailed,
+    LinkRejected,
     RunFailure,
     RunWaits,
     chain_error,
@@ -332,22 +334,27 @@ class RunExecutor:
         self.runs.append(ex.claim, "ModelFallbackUsed", data)
 
     def _link_loop(self, ex: Execution, link: Link) -> dict[str, Any]:
-        """One link's whole tool-call loop, under one circuit admission."""
+        """One link's whole tool-call loop, under one circuit admission.
+
+        The admission is sent with the link's first budget gate, in one round trip, and read
+        right after it, before anything reaches the provider (`_admitted`)."""
         started = time.monotonic()
         ex.link_first_call = ex.next_call
         try:
-            ticket = self.breaker.admit(link.provider_name)
+            admission = _Admission(self, ex, link, self.breaker.admit_later(link.provider_name))
         except ProviderError as exc:  # the circuit is open: the provider is never called
             self._attempt_log(ex, link, started, exc, rejected=True)
             raise LinkFailed(exc, transient=True) from exc
-        self._report_circuit(ex, link.provider_name, ticket.change)
         try:
-            output = self._conversation(ex, link, ticket)
+            output = self._conversation(ex, link, admission)
+        except LinkRejected as rejected:
+            self._attempt_log(ex, link, started, rejected.error, rejected=True)
+            raise LinkFailed(rejected.error, transient=True) from rejected.error
         except LinkFailed as failed:
             self._attempt_log(ex, link, started, failed.error)
             raise
         finally:
-            self.breaker.release(ticket)
+            admission.release()
         self._attempt_log(ex, link, started, None)
         return output
 
@@ -382,11 +389,12 @@ class RunExecutor:
 
     # -- one link's conversation -------------------------------------------------------
 
-    def _conversation(self, ex: Execution, link: Link, ticket: Ticket) -> dict[str, Any]:
+    def _conversation(self, ex: Execution, link: Link, admission: _Admission) -> dict[str, Any]:
         messages: list[Message] = list(ex.run.messages or initial_messages(ex.agent, ex.run))
         index = ex.run.turns_completed
         waited_in = unanswered_calls(messages)
         if waited_in:  # back from waiting for a person: finish that turn first
+            admission.ticket()  # its tool calls run inside the link's admission
             self.runs.settle(ex.claim)  # its tool calls write through the ledger
             call_no = self.approvals.pending_turn(ex.run.id)
             assert call_no is not None, "a run waits in a turn that asked for approval"
@@ -397,7 +405,7 @@ class RunExecutor:
             self.runs.save_turn(ex.claim, messages, index)
         while index < self.settings.runs.max_turns:
             ex.ensure_live()
-            response = self._model_call(ex, link, ticket, messages, index)
+            response = self._model_call(ex, link, admission, messages, index)
             if not response.tool_calls:
                 stop_unless_repeated(ex, [])  # an answer without the in-flight call is a stop
                 return {"text": response.text or ""}
@@ -436,7 +444,12 @@ class RunExecutor:
             raise RunWaits(ids) from None
 
     def _model_call(
-        self, ex: Execution, link: Link, ticket: Ticket, messages: list[Message], index: int
+        self,
+        ex: Execution,
+        link: Link,
+        admission: _Admission,
+        messages: list[Message],
+        index: int,
     ) -> ModelResponse:
         binding = ex.agent.model
         request = ModelRequest(
@@ -449,7 +462,12 @@ class RunExecutor:
             max_output_tokens=binding.max_output_tokens,
             response_format=binding.response_format,
         )
-        reserved = self._budget_for_model_call(ex, messages)
+        try:
+            reserved = self._budget_for_model_call(ex, messages)  # the admission goes with it
+        except RunFailure:
+            admission.ticket()  # an open circuit answers first, as when asked before the gate
+            raise
+        ticket = admission.ticket(reserved)
         self.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
         cache_key, cached = self._cached(ex, link, request)
         if cached is not None:
@@ -578,6 +596,49 @@ class RunExecutor:
             self.runs.record_spend(ex.claim, spend, data)
         else:  # the answer: its spend goes in with the run's final write
             ex.pending_spend = (spend, data)
+
+
+class _Admission:
+    """A link's circuit admission, read once: with the link's first budget gate (one round
+    trip for both), or on its own before a resumed turn's tool calls."""
+
+    def __init__(
+        self, executor: RunExecutor, ex: Execution, link: Link, pending: Callable[[], Ticket]
+    ) -> None:
+        self.executor = executor
+        self.ex = ex
+        self.link = link
+        self.pending: Callable[[], Ticket] | None = pending
+        self.admitted: Ticket | None = None
+
+    def ticket(self, reserved: int = 0) -> Ticket:
+        """The link's ticket; `LinkRejected` while the circuit is open (handing back the
+        tokens the gate just reserved for a call that will not be made)."""
+        if self.admitted is not None:
+            return self.admitted
+        assert self.pending is not None, "a rejected link is not used again"
+        pending, self.pending = self.pending, None
+        try:
+            ticket = pending()
+        except ProviderError as exc:
+            if reserved:
+                budget = self.ex.tree_budget()
+                budget.spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
+            raise LinkRejected(exc) from exc
+        self.admitted = ticket
+        self.executor._report_circuit(self.ex, self.link.provider_name, ticket.change)
+        return ticket
+
+    def release(self) -> None:
+        """The loop ended: free its probe lease if it held one (reading an admission the
+        loop never needed, so that a probe it took is not left held)."""
+        if self.admitted is None and self.pending is not None:
+            try:
+                self.ticket()
+            except LinkRejected:
+                return
+        if self.admitted is not None:
+            self.executor.breaker.release(self.admitted)
 
 
 def initial_messages(agent: AgentSettings, run: Run) -> list[Message]:
