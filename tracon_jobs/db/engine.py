@@ -294,6 +294,42 @@ def _install_idle_ping(engine: Engine) -> None:
             raise DisconnectionError(f"an idle pooled connection is dead: {exc}") from exc
 
 
+WRITE_LOCK_POLL_SECONDS = (0.0002, 0.002)
+"""How often a writer of one process tries again for the database's write lock held by
+another process: from 0.2 ms, doubling up to 2 ms."""
+
+
+def _begin_immediate(driver: sqlite3.Connection) -> None:
+    """`BEGIN IMMEDIATE`, waiting for another process's write lock by trying again every
+    0.2-2 ms for up to the busy timeout (the connection's own timeout is off meanwhile).
+
+    SQLite's own busy handler sleeps 1, 2, 5, 10, ... up to 100 ms between tries: between
+    the web's processes and a worker, each holding the lock for about a millisecond at a
+    time, a writer slept through the moments the lock was free while the process that held
+    it took it again for its next transaction. Only this wait polls: every other statement
+    keeps the busy timeout (a reader in WAL mode is not blocked by the writer).
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay, longest = WRITE_LOCK_POLL_SECONDS
+    driver.execute("PRAGMA busy_timeout=0")
+    try:
+        while True:
+            try:
+                driver.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, longest)
+    finally:
+        driver.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+
+
 def _install_sqlite_hooks(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -311,7 +347,11 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         # paid by every transaction; a failure is still SQLAlchemy's OperationalError
         read_only = conn.get_execution_options().get("tracon_read_only", False)
         statement = "BEGIN" if read_only else "BEGIN IMMEDIATE"
+        driver = conn.connection.driver_connection
         try:
-            conn.connection.driver_connection.execute(statement)
+            if read_only:
+                driver.execute(statement)
+            else:
+                _begin_immediate(driver)
         except sqlite3.Error as exc:
             raise OperationalError(statement, None, exc) from exc
