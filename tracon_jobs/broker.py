@@ -85,10 +85,9 @@ local function record(item)
   redis.call('HSET', KEYS[2], tag, '[' .. item .. ',' .. exchange .. ',' .. routing_key .. ']')
   return true
 end
-if #ARGV > 3 then
-  local acked = {unpack(ARGV, 4)}
-  redis.call('ZREM', KEYS[1], unpack(acked))
-  redis.call('HDEL', KEYS[2], unpack(acked))
+for i = 4, #ARGV do
+  redis.call('ZREM', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
 end
 local taken = {record(ARGV[2]) and 1 or 0}
 local wanted = tonumber(ARGV[3])
@@ -113,9 +112,11 @@ TAKE_MAX = 128
 """The most messages one `BRPOP` brings along, whatever room the prefetch has."""
 
 ACKED_LUA = """-- Acknowledged (or dropped) messages leave kombu's unacked hash and index.
--- KEYS[1] unacked_index (zset)   KEYS[2] unacked (hash)   ARGV delivery tags
-redis.call('ZREM', KEYS[1], unpack(ARGV))
-redis.call('HDEL', KEYS[2], unpack(ARGV))
+-- KEYS[1] unacked_index (zset)   KEYS[2] unacked (hash)   ARGV delivery tags (any number)
+for i = 1, #ARGV do
+  redis.call('ZREM', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+end
 """
 ACK_DELAY_SECONDS = 0.05
 """How long an acknowledgement may wait to go with others (see `QoS.ack`)."""

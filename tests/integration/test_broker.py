@@ -253,3 +253,22 @@ def test_acknowledgements_go_with_the_next_take_or_at_shutdown(
         second.ack()
         channel.qos.restore_unacked()
         assert redis_client.hlen("unacked") == 0 and redis_client.llen(name) == 0
+
+
+def test_thousands_of_acknowledgements_leave_in_one_call(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    # Given 10,000 delivered messages waiting in kombu's unacked hash and index
+    tags = [f"tag-{n}" for n in range(10_000)]
+    redis_client.zadd("unacked_index", dict.fromkeys(tags, 1.0))
+    redis_client.hset("unacked", mapping=dict.fromkeys(tags, '[{}, "", "q"]'))
+    with Connection(redis_url, transport=TRANSPORT) as connection:
+        qos = connection.channel().qos
+        assert isinstance(qos, QoS)
+
+        # When all are acknowledged and flushed together (more than Lua could unpack)
+        qos.flush_acks_later(tags)
+        qos.flush_acks()
+
+    # Then every one left both
+    assert redis_client.hlen("unacked") == 0 and redis_client.zcard("unacked_index") == 0
