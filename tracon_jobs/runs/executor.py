@@ -337,7 +337,7 @@ class RunExecutor:
         """One link's whole tool-call loop, under one circuit admission.
 
         The admission is sent with the link's first budget gate, in one round trip, and read
-        right after it, before anything reaches the provider (`_admitted`)."""
+        right after it, before anything reaches the provider (`_Admission`)."""
         started = time.monotonic()
         ex.link_first_call = ex.next_call
         try:
