@@ -327,7 +327,9 @@ def _begin_immediate(driver: sqlite3.Connection) -> None:
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+    """SQLITE_BUSY, plain or extended (its low byte)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def _install_sqlite_hooks(engine: Engine) -> None:
