@@ -50,15 +50,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-SESSION_DB = 8 + (
-    (os.getppid() + int(_XDIST_WORKER[2:])) % 8
-    if _XDIST_WORKER.startswith("gw")
-    else os.getpid() % 8
-)
+XDIST_INDEX = int(_XDIST_WORKER[2:]) if _XDIST_WORKER.startswith("gw") else 0
+SESSION_DB = 8 + ((os.getppid() + XDIST_INDEX) if _XDIST_WORKER else os.getpid()) % 8
 """A Redis database of its own for each test session (8-15), flushed before every test, so
 two sessions on one machine do not flush each other's state; the workers of one parallel
 session (pytest-xdist `gw0`, `gw1`, ...) get consecutive ones."""
-XDIST_INDEX = int(_XDIST_WORKER[2:]) if _XDIST_WORKER.startswith("gw") else 0
 DEV_REDIS_DB = 1 + XDIST_INDEX % 3
 CLUSTER_REDIS_DB = 4 + XDIST_INDEX % 4
 """Databases outside 8-15 (the sessions') and 0 (`make run`'s) for tests whose workers must

@@ -130,6 +130,7 @@ class QoS(kombu_redis.QoS):
         self._acks: list[str] = []  # acknowledged here, not yet out of Redis
         self._acks_lock = threading.Lock()
         self._acks_timer: threading.Timer | None = None
+        self.recorded: set[str] = set()  # tags the take script put in the unacked hash
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self.recorded:  # by the script that took it (`Channel._take`)
@@ -199,11 +200,6 @@ class QoS(kombu_redis.QoS):
     def _forget(self, delivery_tags: list[str]) -> None:
         keys = [self.unacked_index_key, self.unacked_key]
         self._acked_script(keys=keys, args=delivery_tags)
-
-    @cached_property
-    def recorded(self) -> set[str]:
-        """Delivery tags already in the unacked hash, whose delivery is under way."""
-        return set()
 
     @cached_property
     def _scripted(self) -> bool:

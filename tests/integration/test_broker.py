@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -46,7 +47,7 @@ def test_a_task_sent_through_it_is_read_by_kombus_own_transport(redis_url: str) 
     # Given a Celery app that sends with this transport
     app = Celery("broker-test", broker=redis_url, set_as_current=False)
     app.conf.update(broker_transport=transport_for(redis_url), task_serializer="json")
-    queue = f"test.broker.{uuid.uuid4().hex}"
+    queue = _queue_name()
 
     # When it sends a task
     sent = app.send_task("tracon.runs.execute", kwargs={"run_id": "r1"}, queue=queue)
@@ -71,7 +72,7 @@ def test_ack_emulation_keeps_kombus_keys_and_restores_as_kombu_does(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     # Given a message delivered through this transport and not acknowledged yet
-    name = f"test.broker.{uuid.uuid4().hex}"
+    name = _queue_name()
     with Connection(redis_url, transport=TRANSPORT) as connection:
         queue = connection.SimpleQueue(Queue(name, routing_key=name))
         queue.put({"n": 1})
@@ -104,22 +105,30 @@ def test_ack_emulation_keeps_kombus_keys_and_restores_as_kombu_does(
 
 
 def _consume(
-    connection: Connection, name: str, prefetch: int, *, no_ack: bool = False
+    connection: Connection,
+    name: str,
+    prefetch: int,
+    *,
+    no_ack: bool = False,
+    callback: Callable[[Any, Any], None] | None = None,
 ) -> tuple[Any, list[Any]]:
-    """A consumer of queue `name` through this transport; what it receives goes in the list."""
+    """A consumer of queue `name` through this transport; what it receives goes in the list
+    (or to `callback`)."""
     channel = connection.channel()
     channel.basic_qos(0, prefetch, False)
     received: list[Any] = []
-    queue = Queue(name, routing_key=name)
-    consumer = Consumer(
+    Consumer(
         channel,
-        queues=[queue],
-        callbacks=[lambda body, message: received.append(message)],
+        queues=[Queue(name, routing_key=name)],
+        callbacks=[callback or (lambda body, message: received.append(message))],
         accept=["json"],
         no_ack=no_ack,
-    )
-    consumer.consume()
+    ).consume()
     return channel, received
+
+
+def _queue_name() -> str:
+    return f"test.broker.{uuid.uuid4().hex}"
 
 
 def _put(connection: Connection, name: str, count: int) -> None:
@@ -132,7 +141,7 @@ def test_one_brpop_brings_along_what_the_prefetch_has_room_for(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     # Given ten messages waiting, and a consumer with room for four
-    name = f"test.broker.{uuid.uuid4().hex}"
+    name = _queue_name()
     with Connection(redis_url, transport=TRANSPORT) as connection:
         _put(connection, name, 10)
         channel, received = _consume(connection, name, prefetch=4)
@@ -170,7 +179,7 @@ def test_one_brpop_brings_along_what_the_prefetch_has_room_for(
 def test_a_consumer_without_acknowledgements_takes_one_at_a_time(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    name = f"test.broker.{uuid.uuid4().hex}"
+    name = _queue_name()
     with Connection(redis_url, transport=TRANSPORT) as connection:
         _put(connection, name, 3)
         _, received = _consume(connection, name, prefetch=10, no_ack=True)
@@ -186,7 +195,7 @@ def test_a_message_that_is_not_kombus_stops_the_batch_and_stays_queued(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     # Given a kombu message, then something else on the same list
-    name = f"test.broker.{uuid.uuid4().hex}"
+    name = _queue_name()
     with Connection(redis_url, transport=TRANSPORT) as connection:
         _put(connection, name, 1)
         redis_client.lpush(name, b"not a kombu message")
@@ -203,16 +212,14 @@ def test_what_a_failed_delivery_left_undelivered_goes_back_to_its_queue(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     # Given three messages taken together, and a consumer that fails on the first
-    name = f"test.broker.{uuid.uuid4().hex}"
+    name = _queue_name()
     with Connection(redis_url, transport=TRANSPORT) as connection:
         _put(connection, name, 3)
-        channel = connection.channel()
-        channel.basic_qos(0, 10, False)
 
         def fail(body: Any, message: Any) -> None:
             raise RuntimeError("the consumer broke")
 
-        Consumer(channel, queues=[Queue(name, routing_key=name)], callbacks=[fail]).consume()
+        channel, _ = _consume(connection, name, prefetch=10, callback=fail)
 
         # When the loop reads, the delivery fails
         with pytest.raises(RuntimeError):
@@ -232,7 +239,7 @@ def test_acknowledgements_go_with_the_next_take_or_at_shutdown(
     redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(broker, "ACK_DELAY_SECONDS", 60)  # only the take or a restore
-    name = f"test.broker.{uuid.uuid4().hex}"
+    name = _queue_name()
     with Connection(redis_url, transport=TRANSPORT) as connection:
         _put(connection, name, 2)
         channel, received = _consume(connection, name, prefetch=1)
