@@ -20,7 +20,11 @@ from tracon_jobs.drain import clear_web_drain, start_web_drain
 from tracon_jobs.settings import load_settings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
     from celery import Celery
+    from celery.beat import Service
 
     from tracon_jobs.runtime import Runtime
 
@@ -143,8 +147,47 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def stop_once(service: Service) -> Callable[[int, FrameType | None], None]:
+    """Beat's SIGINT/SIGTERM handler: the first signal stops the service, the ones after it
+    are ignored.
+
+    Celery's own handler syncs the schedule and raises SystemExit on every signal. On Ctrl-C,
+    `tracon-jobs dev` sends SIGINT and then SIGTERM, and the second one used to land wherever
+    beat was on its way out: in the first handler's `Event.set`, or in the interpreter's wait
+    for beat's threads, each a traceback. Raised once, from the service's loop, SystemExit
+    reaches `Service.start`, which syncs the schedule as it leaves."""
+
+    stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        # Not SIG_IGN: a signal already caught by the interpreter's C handler would then be
+        # reported as "ignored due to race condition", with a traceback.
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        service._is_shutdown.set()  # should the SystemExit be swallowed, the loop ends anyway
+        raise SystemExit()
+
+    return stop
+
+
+def beat_class(app: Celery) -> type:
+    """The app's `Beat` with `stop_once` as its signal handler."""
+    base: Any = app.Beat
+
+    class Beat(base):
+        def install_sync_handler(self, service: Service) -> None:
+            handler = stop_once(service)
+            signal.signal(signal.SIGTERM, handler)
+            signal.signal(signal.SIGINT, handler)
+
+    return Beat
+
+
 def cmd_beat(args: argparse.Namespace, rest: list[str]) -> int:
     app = celery_with_periodic_tasks(load_runtime())
+    app.Beat = beat_class(app)
     VAR.mkdir(exist_ok=True)
     schedule = str(VAR / "celerybeat-schedule")
     app.start(["beat", "-s", schedule, "--loglevel", log_level(), *rest])
@@ -161,6 +204,11 @@ def cmd_flower(args: argparse.Namespace, rest: list[str]) -> int:
         # `tracon-jobs dev` passes SIGINT to every process and sends SIGTERM after it, which
         # used to land in the interpreter's wait for Flower's threads: a traceback on the
         # way out. Once Flower has stopped, a stop signal has nothing left to do.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # (A Python handler that does nothing, not SIG_IGN: see `stop_once`.)
+        signal.signal(signal.SIGTERM, _nothing)
+        signal.signal(signal.SIGINT, _nothing)
     return 0
+
+
+def _nothing(signum: int, frame: FrameType | None) -> None:
+    pass
