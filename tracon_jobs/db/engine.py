@@ -27,6 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
+from tracon_jobs.db.hot import FastConnection
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 log = logging.getLogger(__name__)
@@ -127,7 +129,8 @@ class Database:
         sooner. Rolled back when the block raises."""
         self._ensure_engine()
         assert self._engine is not None
-        with self._engine.connect() as connection, self._one_writer(), connection.begin():
+        connect = FastConnection if self.is_sqlite else Connection  # `hot` statements
+        with connect(self._engine) as connection, self._one_writer(), connection.begin():
             yield connection
 
     def _one_writer(self) -> AbstractContextManager[Any]:

@@ -52,6 +52,7 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement, TextClause
 from tracon_jobs.coordination.event_feed import EventFeed
 from tracon_jobs.db import Database
 from tracon_jobs.db.engine import StatementClock
+from tracon_jobs.db.hot import hot
 from tracon_jobs.db.models import Run, RunEvent, TenantQuotaOverride
 from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import RunTakenAway
@@ -210,6 +211,26 @@ _CLOSE_SPEND = _CLOSE_FENCED.values(
     event_seq=RUNS.c.event_seq + 2,  # the spend's `ModelCallCompleted`, then the terminal one
     **_SPEND,
 )
+
+# SQLite runs these straight on the driver (`db/hot.py`): the executor's and the submit's
+# writes, each inside the process's turn on the write lock.
+for _statement in (
+    _APPEND,
+    _APPEND_FENCED,
+    _APPEND_SPEND,
+    _APPEND_MANY_FENCED,
+    _INSERT_EVENT,
+    _CREATE,
+    _CLAIM_WITH_QUOTA,
+    _CLAIM_AGAIN,
+    _UNRESERVE,
+    _SAVE_TURN,
+    _MARK_ENQUEUED,
+    _CLOSE,
+    _CLOSE_FENCED,
+    _CLOSE_SPEND,
+):
+    hot(_statement)
 
 
 def _with_events(guarded: Update, count: int) -> Insert:
@@ -1101,7 +1122,7 @@ def _insert_many(count: int) -> TextClause:
         for name in _EVENT_COLUMNS
     ]
     columns = ", ".join(_EVENT_COLUMNS)
-    return text(f"INSERT INTO {EVENTS.name} ({columns}) VALUES {rows}").bindparams(*binds)
+    return hot(text(f"INSERT INTO {EVENTS.name} ({columns}) VALUES {rows}").bindparams(*binds))
 
 
 def _insert_event(
