@@ -19,6 +19,7 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from tracon_jobs.db import Database
+from tracon_jobs.db.hot import hot
 from tracon_jobs.db.models import ApiKey, Tenant, TenantQuotaOverride
 from tracon_jobs.runs.quota import OwnQuota
 
@@ -29,7 +30,7 @@ TOUCH_EVERY_SECONDS = 60.0
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
 _KEYS = cast(Table, ApiKey.__table__)
 _QUOTAS = cast(Table, TenantQuotaOverride.__table__)
-_KEY_BY_ID = (
+_KEY_BY_ID = hot(
     select(
         _KEYS.c.tenant_id,
         _KEYS.c.secret_hash,

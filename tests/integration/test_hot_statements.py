@@ -154,22 +154,29 @@ def test_what_the_shortcut_does_not_cover_runs_through_sqlalchemy(db: Database) 
     assert len(counted.statements) == 4
 
 
-def test_a_runs_writes_on_sqlite_take_the_shortcut(
+def test_a_runs_writes_and_the_hot_reads_on_sqlite_take_the_shortcut(
     make_runtime: MakeRuntime, sqlite_url: str
 ) -> None:
-    """The executor's and the submit's writes: the run's row, its claim, its events, its
-    spend and its final write; none reaches SQLAlchemy's cursor execution."""
+    """The executor's and the submit's writes (the run's row, its claim, its events, its
+    spend, its final write) and the reads of every request and live stream (the API key,
+    whether the tenant has the run, its events): none reaches SQLAlchemy's execution."""
     runtime = make_runtime(
         sqlite_url, sender=lambda _run_id: None, **scripted_agent([{"Text": "hi"}])
     )
     tenant = runtime.tenants.ensure_tenant("acme")
+    key = runtime.tenants.issue_key(tenant).secret
+    runtime.tenants.authenticate_tenant(key)  # its last use written (once a minute)
     counted = Counted(runtime.db)
+
+    authenticated = runtime.tenants.authenticate_tenant(key)
     run = runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "x"}))
     runtime.executor.execute(run.id)
-
-    done = runtime.runs.get(run.id)
-    assert done is not None and done.status == "Completed"
     events = [e.type for e in runtime.runs.events(run.id)]
+    found = runtime.runs.exists(run.id, tenant), runtime.runs.exists(run.id, "someone-else")
+
+    assert counted.statements == []
+    assert authenticated is not None and authenticated.tenant_id == tenant
+    assert not authenticated.own_quota.found
     assert events == [
         "RunQueued",
         "RunStarted",
@@ -177,5 +184,6 @@ def test_a_runs_writes_on_sqlite_take_the_shortcut(
         "ModelCallCompleted",
         "RunCompleted",
     ]
-    writes = [s for s in counted.statements if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
-    assert writes == []
+    assert found == (True, False)
+    done = runtime.runs.get(run.id)
+    assert done is not None and done.status == "Completed"

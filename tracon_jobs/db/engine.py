@@ -177,7 +177,8 @@ class Database:
         """`read` as a Core connection, for hot reads of Core statements (no Session)."""
         self._ensure_engine()
         assert self._read_core is not None
-        with self._read_core.connect() as connection:
+        connect = FastConnection if self.is_sqlite else Connection  # `hot` statements
+        with connect(self._read_core) as connection:
             yield connection
 
     def open_connections(self, count: int) -> int:

@@ -213,8 +213,10 @@ _CLOSE_SPEND = _CLOSE_FENCED.values(
 )
 
 # SQLite runs these straight on the driver (`db/hot.py`): the executor's and the submit's
-# writes, each inside the process's turn on the write lock.
+# writes, each inside the process's turn on the write lock, and every live stream's reads.
 for _statement in (
+    _RUN_OF_TENANT,
+    _EVENTS_AFTER,
     _APPEND,
     _APPEND_FENCED,
     _APPEND_SPEND,
