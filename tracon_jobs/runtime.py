@@ -107,7 +107,7 @@ class Runtime:
 
     @cached_property
     def _celery_send(self) -> Sender:
-        return celery_sender(self.celery, labels=self._labels_of)
+        return celery_sender(self.celery, labels=self._labels_of, client=self.redis)
 
     def _labels_of(self, run_id: str) -> tuple[str, str] | None:
         """(agent, tenant name) a run's message shows in Flower: from the submission this

@@ -7,10 +7,18 @@ after `Runs.RequeueAfter`; a broker that refuses the message closes the run `Fai
 
 from __future__ import annotations
 
+import base64
 import logging
+import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import redis
+from kombu import serialization
+from kombu.entity import PERSISTENT_DELIVERY_MODE
+from kombu.utils import json as kombu_json
+from kombu.utils.uuid import uuid
 
 from tracon_jobs import metrics
 from tracon_jobs.db.models import Run
@@ -40,14 +48,24 @@ def label_runs_with(app: Celery, labels: Labels) -> None:
     _labels[app] = labels
 
 
-def celery_sender(app: Celery, labels: Labels | None = None) -> Sender:
+def celery_sender(
+    app: Celery, labels: Labels | None = None, *, client: redis.Redis | None = None
+) -> Sender:
     """Send `tracon.runs.execute(run_id=..., agent=..., tenant=...)`; a broker that is down
     fails within a second.
 
     The keyword arguments are what Flower lists for the task; the worker also accepts the
     older positional `[run_id]`. The agent and tenant come from `labels` (else the one
     registered for `app`); a run they cannot be read for is sent with its id alone.
+
+    With `client` (a client of the broker's Redis), the message is built by Celery
+    (`as_task_v2`, the same headers, properties and body as `send_task`'s) and pushed as
+    kombu's Redis transport pushes a message to a queue: one `LPUSH` of the same envelope.
+    `send_task` spends about 0.2 ms of CPU a message on its way there (routing, the
+    producer pool, declaring the queue, kombu's publish), two thirds of it avoidable: the
+    web pays it on every submission.
     """
+    push = None if client is None else _pusher(app, client)
 
     def send(run_id: str) -> None:
         kwargs: dict[str, str] = {"run_id": run_id}
@@ -55,27 +73,96 @@ def celery_sender(app: Celery, labels: Labels | None = None) -> Sender:
         if found is not None:
             kwargs["agent"], kwargs["tenant"] = found
         shown = repr(kwargs)  # what Celery's saferepr gives short strings, at a tenth the cost
+        shown_or_cut = shown if len(shown) <= SHOWN_MAX else None  # None: Celery cuts it
         try:
-            app.send_task(
-                EXECUTE_TASK,
-                kwargs=kwargs,
-                argsrepr="()",
-                kwargsrepr=shown if len(shown) <= SHOWN_MAX else None,  # None: Celery cuts it
-                queue=RUNS_QUEUE,
-                retry=True,
-                retry_policy={
-                    "max_retries": 2,
-                    "interval_start": 0,
-                    "interval_step": 0.2,
-                    "interval_max": 0.5,
-                },
-            )
+            if push is not None:
+                push(kwargs, shown_or_cut)
+            else:
+                app.send_task(
+                    EXECUTE_TASK,
+                    kwargs=kwargs,
+                    argsrepr="()",
+                    kwargsrepr=shown_or_cut,
+                    queue=RUNS_QUEUE,
+                    retry=True,
+                    retry_policy={
+                        "max_retries": SEND_RETRIES,
+                        "interval_start": 0,
+                        "interval_step": SEND_RETRY_STEP_SECONDS,
+                        "interval_max": 0.5,
+                    },
+                )
         except Exception as exc:  # kombu raises many types for a broker it cannot reach
             metrics.message_sent(ok=False)
             raise EnqueueError(f"the broker did not accept run {run_id}: {exc}") from exc
         metrics.message_sent(ok=True)
 
     return send
+
+
+SEND_RETRIES = 2
+SEND_RETRY_STEP_SECONDS = 0.2
+"""A message the broker did not take is tried twice more, at once and 0.2 s later."""
+
+
+def _pusher(app: Celery, client: redis.Redis) -> Callable[[dict[str, str], str | None], None]:
+    """`push(kwargs, kwargsrepr)`: one `tracon.runs.execute` message on `RUNS_QUEUE`."""
+    amqp = app.amqp
+
+    def push(kwargs: dict[str, str], kwargsrepr: str | None) -> None:
+        task_id = uuid()
+        parent = app.current_worker_task  # a run sent by a run: its task's child, as Celery
+        root_id = parent_id = None
+        if parent is not None:
+            root_id = parent.request.root_id or parent.request.id
+            parent_id = parent.request.id
+        message = amqp.as_task_v2(
+            task_id,
+            EXECUTE_TASK,
+            kwargs=kwargs,
+            reply_to=app.thread_oid,
+            root_id=root_id,
+            parent_id=parent_id,
+            ignore_result=None,
+            argsrepr="()",
+            kwargsrepr=kwargsrepr,
+        )
+        # `send_task` also copies the reprs into the properties: the same envelope
+        properties = {**message.properties, "argsrepr": "()", "kwargsrepr": kwargsrepr}
+        envelope = _envelope(message.headers, properties, message.body)
+        for attempt in range(SEND_RETRIES + 1):
+            try:
+                client.lpush(RUNS_QUEUE, envelope)
+                return
+            except (redis.ConnectionError, redis.TimeoutError):
+                if attempt == SEND_RETRIES:
+                    raise
+                time.sleep(SEND_RETRY_STEP_SECONDS * attempt)
+
+    return push
+
+
+def _envelope(headers: dict[str, Any], properties: dict[str, Any], body: Any) -> str:
+    """The message as kombu's virtual transport lays it out in a Redis list (JSON, the body
+    base64), with the properties kombu's producer adds: persistent, priority 0, and where it
+    was published (the default exchange, the queue's name as its routing key)."""
+    content_type, content_encoding, payload = serialization.dumps(body, serializer="json")
+    return kombu_json.dumps(
+        {
+            "body": base64.b64encode(payload.encode()).decode(),
+            "content-encoding": content_encoding,
+            "content-type": content_type,
+            "headers": headers,
+            "properties": {
+                **properties,
+                "delivery_mode": PERSISTENT_DELIVERY_MODE,
+                "delivery_info": {"exchange": "", "routing_key": RUNS_QUEUE},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": uuid(),
+            },
+        }
+    )
 
 
 def _find_labels(labels: Labels | None, run_id: str) -> tuple[str, str] | None:
