@@ -129,9 +129,13 @@ class Database:
         sooner. Rolled back when the block raises."""
         self._ensure_engine()
         assert self._engine is not None
-        connect = FastConnection if self.is_sqlite else Connection  # `hot` statements
-        with connect(self._engine) as connection, self._one_writer(), connection.begin():
+        with self._core(self._engine) as connection, self._one_writer(), connection.begin():
             yield connection
+
+    def _core(self, engine: Engine) -> Connection:
+        """A Core connection of `engine`; on SQLite, one that runs the store's `hot`
+        statements straight on the driver (`db/hot.py`)."""
+        return FastConnection(engine) if self.is_sqlite else engine.connect()
 
     def _one_writer(self) -> AbstractContextManager[Any]:
         """SQLite: this process's write transactions queue on a lock of its own.
@@ -177,8 +181,7 @@ class Database:
         """`read` as a Core connection, for hot reads of Core statements (no Session)."""
         self._ensure_engine()
         assert self._read_core is not None
-        connect = FastConnection if self.is_sqlite else Connection  # `hot` statements
-        with connect(self._read_core) as connection:
+        with self._core(self._read_core) as connection:
             yield connection
 
     def open_connections(self, count: int) -> int:

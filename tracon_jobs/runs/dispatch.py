@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 EXECUTE_TASK = "tracon.runs.execute"
 RUNS_QUEUE = "tracon.runs"
 SHOWN_MAX = 1024  # Celery's `argsrepr_maxsize`: longer arguments are cut by its saferepr
+SEND_RETRIES = 2
+SEND_RETRY_STEP_SECONDS = 0.2
+"""A message the broker did not take is tried twice more, at once and 0.2 s later."""
 
 Sender = Callable[[str], None]
 Labels = Callable[[str], tuple[str, str] | None]
@@ -98,11 +101,6 @@ def celery_sender(
         metrics.message_sent(ok=True)
 
     return send
-
-
-SEND_RETRIES = 2
-SEND_RETRY_STEP_SECONDS = 0.2
-"""A message the broker did not take is tried twice more, at once and 0.2 s later."""
 
 
 def _pusher(app: Celery, client: redis.Redis) -> Callable[[dict[str, str], str | None], None]:
