@@ -291,3 +291,27 @@ def test_usage_ignores_a_waiter_that_stopped_polling(
     # Then once its waiter lease ends it is no longer reported as waiting, as an expired
     # holder is no longer reported in use, even while no other caller polls this provider
     eventually(lambda: redis_store.usage(P) == (1, 0), "the crashed waiter left usage")
+
+
+class FlakyRenewals(MemorySlotStore):
+    """Its first renewal fails as no Redis error does (a client closed under the call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewals = 0
+
+    def renew(self, provider: str, tokens: list[str], lease_ms: int) -> int:
+        self.renewals += 1
+        if self.renewals == 1:
+            raise TypeError("argument must be an int, or have a fileno() method.")
+        return super().renew(provider, tokens, lease_ms)
+
+
+def test_the_renewer_outlives_an_unexpected_error() -> None:
+    """Before: the renewer caught Redis errors only; a TypeError from a closed client ended
+    its thread, and every slot held after that let its lease lapse mid-call."""
+    store = FlakyRenewals()
+    slots = Slots(store, 1, 300)  # renewed every 100 ms
+    with slots.hold(P, AbortSignal()):
+        eventually(lambda: store.renewals >= 3, "renewals after the failed one")
+    assert store.usage(P) == (0, 0)

@@ -210,5 +210,5 @@ class Slots:
             for provider, tokens in held.items():
                 try:
                     self.store.renew(provider, tokens, self.lease_ms)
-                except redis.RedisError as exc:
+                except Exception as exc:  # this thread ending would let every held lease lapse
                     log.warning("slot renewal for %s failed: %s", provider, exc)
