@@ -386,6 +386,31 @@ def test_dev_with_a_dead_redis_says_so_uses_an_embedded_one_and_stops_on_sigint(
     assert_all_gone(dev)  # the embedded redis-server included
 
 
+def test_dev_names_the_configuration_file_when_the_redis_it_names_is_dead(
+    fresh: Path, tmp_path: Path
+) -> None:
+    """Before: "(from TRACON_REDIS_URL)" whatever named it: `dev` sets that variable for its
+    children before it wrote the line."""
+    dead = dead_redis_url()
+    config = json.loads((fresh / "tracon_jobs" / "demo" / "config.json").read_text())
+    config["Tracon"]["Redis"] = {"Url": dead}
+    path = tmp_path / "tracon-dead-redis.json"
+    path.write_text(json.dumps(config))
+    env = clone_env(fresh, dead)
+    del env["TRACON_REDIS_URL"]
+    env["TRACON_CONFIG"] = str(path)
+    dev = Dev(fresh, env, free_port(), free_port(), tmp_path / "dev.log")
+    try:
+        dev.start()
+        dev.wait_until_healthy()
+        out = dev.output
+        assert f"redis: {dead} (from the configuration file) did not answer" in out, out
+        assert dev.stop(signal.SIGINT) == 0
+        assert_all_gone(dev)
+    finally:
+        dev.kill_everything()
+
+
 def test_dev_stops_every_child_on_sigterm(make_dev: Any, own_redis_url: str) -> None:
     dev: Dev = make_dev(own_redis_url)
     dev.wait_until_healthy()

@@ -92,13 +92,14 @@ def cmd_dev(args: argparse.Namespace, rest: list[str]) -> int:
     code = 0
     try:
         redis_url, embedded = ensure_redis(settings.redis.url, VAR / "redis")
+        # which setting named the Redis that did not answer: before this process names one
+        redis_line = _redis_line(settings, redis_url, embedded is not None, env)
         env["TRACON_REDIS_URL"] = redis_url
         os.environ.update(env)
         cmd_migrate(args, [])
         key = _dev_key()
         _start_children(children, env, args.port, args.flower_port)
         _wait_for_web(children, args.port)
-        redis_line = _redis_line(settings, redis_url, embedded is not None, env)
         _print_welcome(key, redis_line, args.port, args.flower_port, load_settings(environ=env))
         exited = children.wait_for_exit()
         print(
