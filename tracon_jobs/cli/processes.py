@@ -166,7 +166,10 @@ def stop_once(service: Service) -> Callable[[int, FrameType | None], None]:
         if stopping:
             return
         stopping = True
-        service._is_shutdown.set()  # should the SystemExit be swallowed, the loop ends anyway
+        # should the SystemExit be swallowed, the service's loop still ends at its next turn
+        shutdown = getattr(service, "_is_shutdown", None)
+        if shutdown is not None:
+            shutdown.set()
         raise SystemExit()
 
     return stop
