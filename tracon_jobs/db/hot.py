@@ -41,6 +41,7 @@ Processor = Callable[[Any], Any] | None
 
 _hot: dict[int, Executable] = {}  # id -> the statement (kept alive: ids stay unique)
 _plans: dict[tuple[int, type[Dialect], tuple[str, ...]], _Plan | None] = {}
+_NO_COLUMNS = SimpleResultMetaData([])  # the result of a statement that returns no rows
 
 
 def hot(statement: Statement) -> Statement:
@@ -83,7 +84,7 @@ class _Plan:
                 self.sql, args, exc, sqlite3.Error, dialect=self.compiled.dialect
             ) from exc
         if self.metadata is None:
-            return IteratorResult(SimpleResultMetaData([]), iter(()))
+            return IteratorResult(_NO_COLUMNS, iter(()))
         columns = self.columns
         processed = [
             tuple(v if fn is None else fn(v) for v, fn in zip(row, columns, strict=True))
