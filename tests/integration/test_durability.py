@@ -324,6 +324,10 @@ def test_a_lost_claim_is_not_made_again_once_another_process_claimed_the_run(
     assert runtime.runs.heartbeat({run.id: claim.fence}) == set()
     with pytest.raises(RunTakenAway):
         runtime.runs.append(claim, "ModelCallStarted", {"model": "m"})
+    # nor any write after it, though its fence number is theirs
+    assert runtime.runs.heartbeat({run.id: claim.fence}) == set()
+    with pytest.raises(RunTakenAway):
+        runtime.runs.save_turn(claim, [], 1)
     row = runtime.runs.get(run.id)
     assert row is not None and (row.owner, row.fence) == ("them", theirs[0].fence)
     assert [e.type for e in runtime.runs.events(run.id)] == ["RunQueued", "RunStarted"]

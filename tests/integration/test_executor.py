@@ -15,6 +15,7 @@ from tests.stub_provider import Reply, StubProvider, StubToolCall, error, reply
 from tracon_jobs import ToolContext, tool
 from tracon_jobs.db.models import Run, ToolCallRecord
 from tracon_jobs.errors import RunTakenAway
+from tracon_jobs.resilience.budgets import Limits
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
@@ -344,3 +345,83 @@ def test_a_tool_body_does_not_start_once_the_run_was_canceled_in_sql(
             )
         ).all()
     assert [(row.status, row.error_code) for row in rows] == [("failed", "CANCELLED")]
+
+
+def test_on_sqlite_the_claim_commits_with_the_first_model_calls_start_in_one_transaction(
+    make_runtime: MakeRuntime, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = make_runtime(sqlite_url, **scripted_agent([{"Text": "hi"}]))
+    run_id = submit(runtime)
+    opened = runtime.db.transaction
+    began: list[list[str]] = []  # the events committed by each write transaction
+
+    def counted() -> Any:
+        before = event_types(runtime, run_id)
+        began.append(before)
+        return opened()
+
+    monkeypatch.setattr(runtime.db, "transaction", counted)
+    claimed = runtime.runs.open_claim(run_id, "me")
+    assert claimed is not None
+    claim = claimed[0]
+
+    # Given the claim was read: nothing is written yet, and the heartbeat counts it as ours
+    assert began == [] and event_types(runtime, run_id) == ["RunQueued"]
+    assert runtime.runs.heartbeat({run_id: claim.fence}) == {run_id}
+
+    # When its first write is the model call's start, it makes the claim in its transaction
+    runtime.runs.append(claim, "ModelCallStarted", {"turn": 0})
+    assert len(began) == 1
+    assert event_types(runtime, run_id) == ["RunQueued", "RunStarted", "ModelCallStarted"]
+    row = runtime.runs.get(run_id)
+    assert row is not None and (row.status, row.fence, row.owner) == ("Running", 1, "me")
+    assert [e.seq for e in runtime.runs.events(run_id)] == [1, 2, 3]
+    runtime.runs.let_go(claim)
+    assert runtime.runs.heartbeat({run_id: claim.fence}) == {run_id}
+
+
+def test_on_sqlite_a_claim_read_by_two_processes_is_made_by_the_first_to_write(
+    make_runtime: MakeRuntime, sqlite_url: str
+) -> None:
+    mine = make_runtime(sqlite_url, **scripted_agent([{"Text": "hi"}]))
+    theirs = make_runtime(sqlite_url, **scripted_agent([{"Text": "hi"}]))
+    run_id = submit(mine)
+    my_read = mine.runs.open_claim(run_id, "me")
+    assert my_read is not None
+    assert claim_run(theirs, run_id, "them") is not None  # read and made while mine waits
+
+    # Then my first write gives the run up, and the heartbeat no longer counts it as mine
+    with pytest.raises(RunTakenAway):
+        mine.runs.append(my_read[0], "ModelCallStarted", {"turn": 0})
+    assert mine.runs.heartbeat({run_id: my_read[0].fence}) == set()
+    assert event_types(mine, run_id) == ["RunQueued", "RunStarted"]
+    row = mine.runs.get(run_id)
+    assert row is not None and (row.owner, row.fence) == ("them", 1)
+    # and a claim that is read and settled at once says the run is not there to take
+    assert claim_run(mine, run_id, "me") is None
+
+
+def test_a_run_claimed_elsewhere_before_its_first_call_makes_no_call_and_reserves_nothing(
+    make_runtime: MakeRuntime, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph = {"MaxTotalTokens": 10_000}
+    runtime = make_runtime(sqlite_url, AgentGraph=graph, **scripted_agent([{"Text": "hi"}]))
+    other = make_runtime(sqlite_url, AgentGraph=graph, **scripted_agent([{"Text": "hi"}]))
+    run_id = submit(runtime)
+    gate = runtime.executor._budget_for_model_call
+
+    def claimed_meanwhile(*args: Any) -> int:
+        reserved = gate(*args)
+        assert reserved > 0  # the gate reserved the call's tokens
+        assert claim_run(other, run_id, "other") is not None
+        return reserved
+
+    monkeypatch.setattr(runtime.executor, "_budget_for_model_call", claimed_meanwhile)
+
+    # When another process claims the run between the gate and the call's start
+    assert runtime.executor.execute(run_id) == "taken_away"
+
+    # Then no call started here, and the tokens reserved for it are the tree's again
+    assert event_types(runtime, run_id) == ["RunQueued", "RunStarted"]
+    limits = Limits.from_settings(runtime.settings.agent_graph)
+    assert runtime.executor.budgets.gate(run_id, "tool", limits).reserved == 0

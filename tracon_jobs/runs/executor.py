@@ -147,7 +147,7 @@ class RunExecutor:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
             return "dropped"
         claim, run, own_quota = claimed
-        try:  # the claim's transaction takes the first model call's `ModelCallStarted` along
+        try:  # the claim commits with the first model call's `ModelCallStarted` (`open_claim`)
             # Redis calls nobody waits for (a spend, a success) go with the next call on the
             # same client, at the latest with the final event's publish: one round trip
             with logs.run_context(run_id, agent=run.agent), deferring():
@@ -468,7 +468,11 @@ class RunExecutor:
             admission.ticket()  # an open circuit answers first, as when asked before the gate
             raise
         ticket = admission.ticket(reserved)
-        self.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
+        try:
+            self.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
+        except RunTakenAway:  # the call is not made: the tokens reserved for it go back
+            ex.tree_budget().spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
+            raise
         cache_key, cached = self._cached(ex, link, request)
         if cached is not None:
             ex.tree_budget().spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)

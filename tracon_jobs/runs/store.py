@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from sqlalchemy import (
     Column,
@@ -110,19 +110,16 @@ _CREATE = (
     .values(created_at=_NOW, enqueued_at=_NOW)
     .returning(RUNS.c.created_at)
 )
-_CLAIM = (
-    update(RUNS)
-    .where(RUNS.c.id == _param(RUNS.c.id), RUNS.c.status == RunStatus.QUEUED.value)
-    .values(
-        status=RunStatus.RUNNING.value,
-        fence=RUNS.c.fence + 1,
-        owner=_param(RUNS.c.owner),
-        started_at=func.coalesce(RUNS.c.started_at, _NOW),
-        heartbeat_at=_NOW,
-        event_seq=RUNS.c.event_seq + 1,
-    )
-    .returning(*RUNS.c)
+_CLAIMABLE = (RUNS.c.id == _param(RUNS.c.id), RUNS.c.status == RunStatus.QUEUED.value)
+_CLAIMED = dict(
+    status=RunStatus.RUNNING.value,
+    fence=RUNS.c.fence + 1,
+    owner=_param(RUNS.c.owner),
+    started_at=func.coalesce(RUNS.c.started_at, _NOW),
+    heartbeat_at=_NOW,
+    event_seq=RUNS.c.event_seq + 1,
 )
+_CLAIM = update(RUNS).where(*_CLAIMABLE).values(**_CLAIMED).returning(*RUNS.c)
 _NEW_ROW_COLUMNS = (
     "id", "tenant_id", "agent", "kind", "status", "input", "parameters", "session_id",
     "parent_run_id", "root_run_id", "depth", "continued_from_run_id", "attempt",
@@ -166,14 +163,27 @@ _EVENTS_AFTER = (
 )
 _OWN_QUOTA = _QUOTAS.c.tenant_id == RUNS.c.tenant_id
 # the tenant's own quota, which the run checks at its gates: no read of its own
-_CLAIM_WITH_QUOTA = _CLAIM.returning(
+_OWN_QUOTA_COLUMNS = (
     exists().where(_OWN_QUOTA).label("own_quota_found"),
     select(_QUOTAS.c.period).where(_OWN_QUOTA).scalar_subquery().label("own_quota_period"),
     select(_QUOTAS.c.cost_limit).where(_OWN_QUOTA).scalar_subquery().label("own_quota_limit"),
 )
+_CLAIM_WITH_QUOTA = _CLAIM.returning(*_OWN_QUOTA_COLUMNS)
 _CLAIM_OPEN = _CLAIM_WITH_QUOTA.values(event_seq=RUNS.c.event_seq + 2)  # RunStarted, one more
 # an open claim whose transaction was lost, made again: only if nobody claimed the run since
-_CLAIM_AGAIN = _CLAIM_OPEN.where(RUNS.c.fence == bindparam("p_prior_fence"))
+_SINCE_READ = RUNS.c.fence == bindparam("p_prior_fence")
+_CLAIM_AGAIN = _CLAIM_OPEN.where(_SINCE_READ)
+# SQLite: the claimable row read (no write lock), and the claim made later, with its first
+# events (`RunStarted`, and the executor's next one maybe), in that write's transaction
+_READ_CLAIMABLE = select(*RUNS.c, *_OWN_QUOTA_COLUMNS).where(*_CLAIMABLE)
+_CLAIM_LATE = {
+    count: update(RUNS)
+    .where(*_CLAIMABLE, _SINCE_READ)
+    .values(**_CLAIMED)
+    .values(event_seq=RUNS.c.event_seq + count)
+    .returning(RUNS.c.event_seq, RUNS.c.heartbeat_at)
+    for count in (1, 2)
+}
 _UNRESERVE = (
     update(RUNS)
     .where(RUNS.c.id == _param(RUNS.c.id), *_OWNED)
@@ -225,6 +235,8 @@ for _statement in (
     _CREATE,
     _CLAIM_WITH_QUOTA,
     _CLAIM_AGAIN,
+    _READ_CLAIMABLE,
+    *_CLAIM_LATE.values(),
     _UNRESERVE,
     _SAVE_TURN,
     _MARK_ENQUEUED,
@@ -330,6 +342,9 @@ class RunStore:
         # run id -> a claim whose open transaction was rolled back (its connection dropped
         # before the commit): nothing of it was written, and its next write claims again
         self._lost: dict[str, Claim] = {}
+        # run id -> a claim that was never made: another process claimed the run first, with
+        # the same fence number maybe; every write of it is refused until `let_go`
+        self._taken: dict[str, Claim] = {}
 
     def publish(self, event: Event | None) -> Event | None:
         if event is not None and self.feed is not None:
@@ -401,7 +416,11 @@ class RunStore:
         if claimed is None:
             return None
         claim, run, _own_quota = claimed
-        self.settle(claim)
+        try:
+            self.settle(claim)
+        except RunTakenAway:  # SQLite: claimed by another process since it was read
+            self._taken.pop(run_id, None)
+            return None
         return claim, run
 
     @rides_out_outages
@@ -416,13 +435,19 @@ class RunStore:
         is locked, so the same thread must write nothing that bypasses this store: the
         executor settles first.
 
-        SQLite commits the claim at once: its statements are calls, not round trips, and
-        its write lock is the whole database's, not to be held across Redis calls. Its
-        `RunStarted` wakes no follower by itself, as on PostgreSQL: the executor's next
-        write (the first `ModelCallStarted`, or whatever ends or releases the run) does,
-        with its own later sequence number; a follower reads everything up to it from SQL.
+        SQLite's write lock is the whole database's, not to be held across Redis calls:
+        there the claimable row is read (no lock), and the claim is made by the claim's
+        next fenced write, or `settle`, in that write's transaction, guarded by the fence
+        it read (`_claim_late`). The first model call's `ModelCallStarted` then commits
+        with the claim and `RunStarted` in one turn on the write lock, as on PostgreSQL.
+        A process that claimed the run in between wins, and that write raises
+        `RunTakenAway`, before any model call. Until then the run is ours to the heartbeat
+        while it waits `Queued` with the fence read (as a lost claim is).
         """
         self._lost.pop(run_id, None)
+        self._taken.pop(run_id, None)
+        if self.db.is_sqlite:
+            return self._read_claimable(run_id, owner)
         opened = self._begin_claim(_CLAIM_OPEN, run_id, owner)
         if opened is None:
             return None
@@ -433,6 +458,48 @@ class RunStore:
             values.pop("own_quota_limit"),
         )
         return claim, _detached_run(values), own_quota
+
+    def _read_claimable(self, run_id: str, owner: str) -> tuple[Claim, Run, OwnQuota] | None:
+        with self.db.read_connection() as connection:
+            row = connection.execute(_READ_CLAIMABLE, {"p_id": run_id}).one_or_none()
+        if row is None:
+            return None
+        values = row._asdict()
+        own_quota = OwnQuota(
+            bool(values.pop("own_quota_found")),
+            values.pop("own_quota_period"),
+            values.pop("own_quota_limit"),
+        )
+        now = self.db.now()
+        claim = Claim(run_id=run_id, fence=values["fence"] + 1, owner=owner)
+        values.update(  # the row as the claim will leave it
+            status=RunStatus.RUNNING.value,
+            fence=claim.fence,
+            owner=owner,
+            started_at=values["started_at"] or now,
+            heartbeat_at=now,
+        )
+        self._lost[run_id] = claim
+        return claim, _detached_run(values), own_quota
+
+    def _claim_late(self, claim: Claim, second: tuple[str, dict[str, Any]] | None) -> Event:
+        """SQLite: make the claim read by `open_claim`, with `RunStarted` and `second`."""
+        typed = [("RunStarted", {"owner": claim.owner})] + ([second] if second else [])
+        params = {
+            "p_id": claim.run_id,
+            "p_owner": claim.owner,
+            "p_prior_fence": claim.fence - 1,
+            **self.db.clock_params(),
+        }
+        with self.db.transaction() as session:
+            row = session.execute(_CLAIM_LATE[len(typed)], params).one_or_none()
+            if row is not None:
+                events = _numbered(claim.run_id, row[0], row[1], typed)
+                _insert_events(session, events)
+        del self._lost[claim.run_id]
+        if row is None:
+            self._taken_by_another(claim)
+        return self.publish(events[-1]) or events[-1]
 
     def _begin_claim(
         self, statement: Update, run_id: str, owner: str, **extra: Any
@@ -479,9 +546,10 @@ class RunStore:
         """The executor is done with `claim`: commit its open transaction, if it is still
         open; forget it, if that transaction was lost (the run is still `Queued`, unclaimed,
         and the requeue scan sends it again)."""
-        if self._lost.get(claim.run_id) == claim:
-            del self._lost[claim.run_id]
-            return
+        for forgotten in (self._lost, self._taken):
+            if forgotten.get(claim.run_id) == claim:
+                del forgotten[claim.run_id]
+                return
         self._settle(claim)
 
     def _is_open(self, claim: Claim | None) -> bool:
@@ -489,7 +557,11 @@ class RunStore:
         is made again first, in a new one: RunTakenAway when someone claimed the run since."""
         if claim is None:
             return False
+        if self._taken.get(claim.run_id) == claim:
+            raise RunTakenAway(f"run {claim.run_id} was claimed by another process")
         if self._lost.get(claim.run_id) == claim:
+            if self.db.is_sqlite:
+                return True  # claimed by the write that asks (`_commit_open`)
             self._claim_again(claim)
         opened = self._open.get(claim.run_id)
         return opened is not None and opened.claim == claim
@@ -500,7 +572,11 @@ class RunStore:
         )
         del self._lost[claim.run_id]
         if again is None:  # the guard: the same fence again, or nothing
-            raise RunTakenAway(f"run {claim.run_id} was claimed by another process")
+            self._taken_by_another(claim)
+
+    def _taken_by_another(self, claim: Claim) -> NoReturn:
+        self._taken[claim.run_id] = claim
+        raise RunTakenAway(f"run {claim.run_id} was claimed by another process")
 
     def _commit_open(
         self,
@@ -511,6 +587,8 @@ class RunStore:
         publish: bool = True,
     ) -> Event:
         """`RunStarted`, and `second` in the reserved number, committed and published once."""
+        if self._lost.get(claim.run_id) == claim:
+            return self._claim_late(claim, second)
         opened = self._open.pop(claim.run_id)
         data = {"owner": claim.owner}
         events = [Event(claim.run_id, opened.started_seq, "RunStarted", opened.at, data)]
@@ -746,6 +824,12 @@ class RunStore:
             run_id
             for run_id, fence in owned.items()
             if (opened := self._open.get(run_id)) is not None and opened.claim.fence == fence
+        }
+        # a claim that another process made first is not ours, whatever its fence number
+        owned = {
+            run_id: fence
+            for run_id, fence in owned.items()
+            if (taken := self._taken.get(run_id)) is None or taken.fence != fence
         }
         # a claim whose open transaction was lost is ours while the run waits `Queued` with
         # the fence before it (its next write claims it again); its own fence number may be
