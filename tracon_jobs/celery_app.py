@@ -49,6 +49,8 @@ says what the run's `ModelCallStarted` and `ModelCallCompleted` events say."""
 
 CONTROL_QUEUE = "tracon.control"
 """The queue of the periodic tasks, apart from runs so a backlog never delays a scan."""
+WORKER_POOL = "tracon_jobs.threads:StartedTaskPool"
+"""Celery's thread pool, its threads started with it (`threads.py`)."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ def create_celery(
         task_ignore_result=True,
         task_acks_late=False,
         worker_prefetch_multiplier=settings.worker.prefetch_multiplier,
-        worker_pool="threads",
+        worker_pool=WORKER_POOL,
         worker_concurrency=settings.worker.concurrency,
         worker_send_task_events=True,
         worker_consumer=CONSUMER,  # task events in batches, at most 0.1 s late

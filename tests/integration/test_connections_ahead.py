@@ -1,11 +1,14 @@
-"""A worker opens a database and a Redis connection per thread as it starts, so that a
-backlog's first runs find theirs open instead of all opening them at the same moment."""
+"""A worker opens a database and a Redis connection per thread, and starts the threads, as
+it starts, so that a backlog's first runs find theirs open and waiting instead of all
+opening them at the same moment."""
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
+from celery.concurrency import get_implementation
 
 from tests.helpers import MakeRuntime, scripted_agent
 
@@ -39,3 +42,20 @@ def test_a_database_that_refuses_leaves_the_worker_starting(
 
     assert "opened 0 of 3 database connections ahead" in caplog.text
     assert len(runtime.redis.connection_pool._available_connections) == 3
+
+
+def test_the_worker_pool_starts_every_thread_before_the_first_task(
+    make_runtime: MakeRuntime, sqlite_url: str
+) -> None:
+    runtime = make_runtime(sqlite_url, Worker={"Concurrency": 7}, **scripted_agent([]))
+    pool = get_implementation(runtime.celery.conf.worker_pool)(limit=7)
+
+    pool.start()
+    try:
+        started = set(pool.executor._threads)
+        assert len(started) == 7 and all(thread.is_alive() for thread in started)
+        # and a task runs on one of them: none is started for it
+        ran_on = pool.executor.submit(threading.current_thread).result(timeout=5)
+        assert ran_on in started and set(pool.executor._threads) == started
+    finally:
+        pool.stop()

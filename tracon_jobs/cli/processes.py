@@ -132,8 +132,6 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     runtime.open_connections()
     argv = [
         "worker",
-        "--pool",
-        "threads",
         "-c",
         str(runtime.settings.worker.concurrency),
         "-E",
