@@ -3,6 +3,7 @@ OpenAI-compatible stub over real HTTP for the `openai` provider kind."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -347,26 +348,29 @@ def test_a_tool_body_does_not_start_once_the_run_was_canceled_in_sql(
     assert [(row.status, row.error_code) for row in rows] == [("failed", "CANCELLED")]
 
 
-def test_on_sqlite_the_claim_commits_with_the_first_model_calls_start_in_one_transaction(
-    make_runtime: MakeRuntime, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+def test_the_claim_commits_with_the_first_model_calls_start_in_one_write(
+    make_runtime: MakeRuntime, sql_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runtime = make_runtime(sqlite_url, **scripted_agent([{"Text": "hi"}]))
+    runtime = make_runtime(sql_url, **scripted_agent([{"Text": "hi"}]))
     run_id = submit(runtime)
-    opened = runtime.db.transaction
-    began: list[list[str]] = []  # the events committed by each write transaction
+    began: list[str] = []  # the writes: a transaction (SQLite), a statement (PostgreSQL)
 
-    def counted() -> Any:
-        before = event_types(runtime, run_id)
-        began.append(before)
-        return opened()
+    def counted(name: str, opened: Callable[[], Any]) -> Callable[[], Any]:
+        def write() -> Any:
+            began.append(name)
+            return opened()
 
-    monkeypatch.setattr(runtime.db, "transaction", counted)
+        return write
+
+    for name in ("transaction", "autocommit", "write"):
+        monkeypatch.setattr(runtime.db, name, counted(name, getattr(runtime.db, name)))
     claimed = runtime.runs.open_claim(run_id, "me")
     assert claimed is not None
     claim = claimed[0]
 
     # Given the claim was read: nothing is written yet, and the heartbeat counts it as ours
     assert began == [] and event_types(runtime, run_id) == ["RunQueued"]
+    assert runtime.runs.get(run_id).status == "Queued"  # type: ignore[union-attr]
     assert runtime.runs.heartbeat({run_id: claim.fence}) == {run_id}
 
     # When its first write is the model call's start, it makes the claim in its transaction
@@ -380,20 +384,23 @@ def test_on_sqlite_the_claim_commits_with_the_first_model_calls_start_in_one_tra
     assert runtime.runs.heartbeat({run_id: claim.fence}) == {run_id}
 
 
-def test_on_sqlite_a_claim_read_by_two_processes_is_made_by_the_first_to_write(
-    make_runtime: MakeRuntime, sqlite_url: str
+def test_a_claim_read_by_two_processes_is_made_by_the_first_to_write(
+    make_runtime: MakeRuntime, sql_url: str
 ) -> None:
-    mine = make_runtime(sqlite_url, **scripted_agent([{"Text": "hi"}]))
-    theirs = make_runtime(sqlite_url, **scripted_agent([{"Text": "hi"}]))
+    mine = make_runtime(sql_url, **scripted_agent([{"Text": "hi"}]))
+    theirs = make_runtime(sql_url, **scripted_agent([{"Text": "hi"}]))
     run_id = submit(mine)
     my_read = mine.runs.open_claim(run_id, "me")
     assert my_read is not None
     assert claim_run(theirs, run_id, "them") is not None  # read and made while mine waits
 
-    # Then my first write gives the run up, and the heartbeat no longer counts it as mine
+    # Then my first write gives the run up, and the heartbeat no longer counts it as mine,
+    # nor any write after it, though its fence number is theirs
     with pytest.raises(RunTakenAway):
         mine.runs.append(my_read[0], "ModelCallStarted", {"turn": 0})
     assert mine.runs.heartbeat({run_id: my_read[0].fence}) == set()
+    with pytest.raises(RunTakenAway):
+        mine.runs.save_turn(my_read[0], [], 1)
     assert event_types(mine, run_id) == ["RunQueued", "RunStarted"]
     row = mine.runs.get(run_id)
     assert row is not None and (row.owner, row.fence) == ("them", 1)
@@ -402,11 +409,11 @@ def test_on_sqlite_a_claim_read_by_two_processes_is_made_by_the_first_to_write(
 
 
 def test_a_run_claimed_elsewhere_before_its_first_call_makes_no_call_and_reserves_nothing(
-    make_runtime: MakeRuntime, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+    make_runtime: MakeRuntime, sql_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     graph = {"MaxTotalTokens": 10_000}
-    runtime = make_runtime(sqlite_url, AgentGraph=graph, **scripted_agent([{"Text": "hi"}]))
-    other = make_runtime(sqlite_url, AgentGraph=graph, **scripted_agent([{"Text": "hi"}]))
+    runtime = make_runtime(sql_url, AgentGraph=graph, **scripted_agent([{"Text": "hi"}]))
+    other = make_runtime(sql_url, AgentGraph=graph, **scripted_agent([{"Text": "hi"}]))
     run_id = submit(runtime)
     gate = runtime.executor._budget_for_model_call
 

@@ -18,14 +18,12 @@ without the BEGIN and COMMIT round trips, and no event is written when the guard
 from __future__ import annotations
 
 import functools
-import sys
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 from sqlalchemy import (
     Column,
@@ -111,15 +109,6 @@ _CREATE = (
     .returning(RUNS.c.created_at)
 )
 _CLAIMABLE = (RUNS.c.id == _param(RUNS.c.id), RUNS.c.status == RunStatus.QUEUED.value)
-_CLAIMED = dict(
-    status=RunStatus.RUNNING.value,
-    fence=RUNS.c.fence + 1,
-    owner=_param(RUNS.c.owner),
-    started_at=func.coalesce(RUNS.c.started_at, _NOW),
-    heartbeat_at=_NOW,
-    event_seq=RUNS.c.event_seq + 1,
-)
-_CLAIM = update(RUNS).where(*_CLAIMABLE).values(**_CLAIMED).returning(*RUNS.c)
 _NEW_ROW_COLUMNS = (
     "id", "tenant_id", "agent", "kind", "status", "input", "parameters", "session_id",
     "parent_run_id", "root_run_id", "depth", "continued_from_run_id", "attempt",
@@ -168,27 +157,24 @@ _OWN_QUOTA_COLUMNS = (
     select(_QUOTAS.c.period).where(_OWN_QUOTA).scalar_subquery().label("own_quota_period"),
     select(_QUOTAS.c.cost_limit).where(_OWN_QUOTA).scalar_subquery().label("own_quota_limit"),
 )
-_CLAIM_WITH_QUOTA = _CLAIM.returning(*_OWN_QUOTA_COLUMNS)
-_CLAIM_OPEN = _CLAIM_WITH_QUOTA.values(event_seq=RUNS.c.event_seq + 2)  # RunStarted, one more
-# an open claim whose transaction was lost, made again: only if nobody claimed the run since
-_SINCE_READ = RUNS.c.fence == bindparam("p_prior_fence")
-_CLAIM_AGAIN = _CLAIM_OPEN.where(_SINCE_READ)
-# SQLite: the claimable row read (no write lock), and the claim made later, with its first
-# events (`RunStarted`, and the executor's next one maybe), in that write's transaction
-_READ_CLAIMABLE = select(*RUNS.c, *_OWN_QUOTA_COLUMNS).where(*_CLAIMABLE)
-_CLAIM_LATE = {
+# a claim is the claimable row read (no lock), then made by the claim's first write with
+# that write's events (`RunStarted`, and the executor's next one maybe): `Queued` -> `Running`
+# with the next fence, only if nobody claimed the run since it was read
+_READ_CLAIMABLE = select(*RUNS.c, *_OWN_QUOTA_COLUMNS, _NOW.label("read_at")).where(*_CLAIMABLE)
+_MAKE_CLAIM = {
     count: update(RUNS)
-    .where(*_CLAIMABLE, _SINCE_READ)
-    .values(**_CLAIMED)
-    .values(event_seq=RUNS.c.event_seq + count)
-    .returning(RUNS.c.event_seq, RUNS.c.heartbeat_at)
+    .where(*_CLAIMABLE, RUNS.c.fence == bindparam("p_read_fence"))
+    .values(
+        status=RunStatus.RUNNING.value,
+        fence=RUNS.c.fence + 1,
+        owner=_param(RUNS.c.owner),
+        started_at=func.coalesce(RUNS.c.started_at, _NOW),
+        heartbeat_at=_NOW,
+        event_seq=RUNS.c.event_seq + count,
+    )
+    .returning(RUNS.c.event_seq, RUNS.c.heartbeat_at.label("at"))
     for count in (1, 2)
 }
-_UNRESERVE = (
-    update(RUNS)
-    .where(RUNS.c.id == _param(RUNS.c.id), *_OWNED)
-    .values(event_seq=RUNS.c.event_seq - 1)
-)
 _SAVE_TURN = (
     update(RUNS)
     .where(RUNS.c.id == _param(RUNS.c.id), *_OWNED)
@@ -233,11 +219,8 @@ for _statement in (
     _APPEND_MANY_FENCED,
     _INSERT_EVENT,
     _CREATE,
-    _CLAIM_WITH_QUOTA,
-    _CLAIM_AGAIN,
     _READ_CLAIMABLE,
-    *_CLAIM_LATE.values(),
-    _UNRESERVE,
+    *_MAKE_CLAIM.values(),
     _SAVE_TURN,
     _MARK_ENQUEUED,
     _CLOSE,
@@ -277,6 +260,7 @@ _CLOSE_IN_ONE = {
     id(_CLOSE_FENCED): _with_events(_CLOSE_FENCED, 1),
     id(_CLOSE_SPEND): _with_events(_CLOSE_SPEND, 2),
 }
+_MAKE_CLAIM_IN_ONE = {count: _with_events(_MAKE_CLAIM[count], count) for count in (1, 2)}
 
 
 @dataclass(frozen=True)
@@ -338,12 +322,8 @@ class RunStore:
     def __init__(self, db: Database, feed: EventFeed | None = None) -> None:
         self.db = db
         self.feed = feed
-        self._open: dict[str, _OpenClaim] = {}  # run id -> its claim's open transaction
-        # run id -> a claim whose open transaction was rolled back (its connection dropped
-        # before the commit): nothing of it was written, and its next write claims again
-        self._lost: dict[str, Claim] = {}
-        # run id -> a claim that was never made: another process claimed the run first, with
-        # the same fence number maybe; every write of it is refused until `let_go`
+        # run id -> a claim read and not made yet: the claim's next write makes it
+        self._pending: dict[str, Claim] = {}
         self._taken: dict[str, Claim] = {}
 
     def publish(self, event: Event | None) -> Event | None:
@@ -410,58 +390,39 @@ class RunStore:
     # -- the executor's fenced writes --------------------------------------------------
 
     def claim_and_load(self, run_id: str, owner: str) -> tuple[Claim, Run] | None:
-        """The claim and the claimed row, committed at once: `open_claim`, then `settle`
-        (for a caller whose next step is no model call)."""
+        """The claim and the claimed row, the claim made at once: `open_claim`, then
+        `settle` (for a caller whose next step is no model call)."""
         claimed = self.open_claim(run_id, owner)
         if claimed is None:
             return None
         claim, run, _own_quota = claimed
         try:
             self.settle(claim)
-        except RunTakenAway:  # SQLite: claimed by another process since it was read
+        except RunTakenAway:  # claimed by another process since it was read
             self._taken.pop(run_id, None)
             return None
         return claim, run
 
     @rides_out_outages
     def open_claim(self, run_id: str, owner: str) -> tuple[Claim, Run, OwnQuota] | None:
-        """`claim_and_load`, its transaction left open for the claim's next event.
+        """The claim of a `Queued` run, and the row as the claim leaves it; None when the run
+        is not `Queued`.
 
-        The executor's next step is its first model call, whose `ModelCallStarted` then
-        commits with the claim and `RunStarted`: one transaction (BEGIN, UPDATE, INSERT,
-        COMMIT) for both, and one wake-up of the followers. The claim reserves two sequence
-        numbers; the claim's next fenced write through this store, or `settle`, commits it
-        (a commit with `RunStarted` alone gives the second number back). Until then the row
-        is locked, so the same thread must write nothing that bypasses this store: the
-        executor settles first.
-
-        SQLite's write lock is the whole database's, not to be held across Redis calls:
-        there the claimable row is read (no lock), and the claim is made by the claim's
-        next fenced write, or `settle`, in that write's transaction, guarded by the fence
-        it read (`_claim_late`). The first model call's `ModelCallStarted` then commits
-        with the claim and `RunStarted` in one turn on the write lock, as on PostgreSQL.
-        A process that claimed the run in between wins, and that write raises
-        `RunTakenAway`, before any model call. Until then the run is ours to the heartbeat
-        while it waits `Queued` with the fence read (as a lost claim is).
+        The row is read (no lock, no write). The claim is made by its next fenced write
+        through this store, or `settle`, in that write's transaction, guarded by the fence
+        read (`_make_claim`): the executor's first `ModelCallStarted` commits with the
+        claim and `RunStarted` in one statement on PostgreSQL (one turn on the write lock
+        on SQLite), and nothing is held across the Redis calls before it. A process that
+        claimed the run in between wins, and that write raises `RunTakenAway`, before any
+        model call. Until then the run is this process's to the heartbeat while it waits
+        `Queued` with the fence read; a claim never made (the executor let go without a
+        write) leaves it `Queued`, for the requeue scan to send again.
         """
-        self._lost.pop(run_id, None)
+        self._pending.pop(run_id, None)
         self._taken.pop(run_id, None)
-        if self.db.is_sqlite:
-            return self._read_claimable(run_id, owner)
-        opened = self._begin_claim(_CLAIM_OPEN, run_id, owner)
-        if opened is None:
-            return None
-        claim, values = opened
-        own_quota = OwnQuota(
-            bool(values.pop("own_quota_found")),
-            values.pop("own_quota_period"),
-            values.pop("own_quota_limit"),
-        )
-        return claim, _detached_run(values), own_quota
-
-    def _read_claimable(self, run_id: str, owner: str) -> tuple[Claim, Run, OwnQuota] | None:
         with self.db.read_connection() as connection:
-            row = connection.execute(_READ_CLAIMABLE, {"p_id": run_id}).one_or_none()
+            params = {"p_id": run_id, **self.db.clock_params()}
+            row = connection.execute(_READ_CLAIMABLE, params).one_or_none()
         if row is None:
             return None
         values = row._asdict()
@@ -470,146 +431,72 @@ class RunStore:
             values.pop("own_quota_period"),
             values.pop("own_quota_limit"),
         )
-        now = self.db.now()
+        now = values.pop("read_at")
         claim = Claim(run_id=run_id, fence=values["fence"] + 1, owner=owner)
-        values.update(  # the row as the claim will leave it
+        values.update(
             status=RunStatus.RUNNING.value,
             fence=claim.fence,
             owner=owner,
             started_at=values["started_at"] or now,
             heartbeat_at=now,
         )
-        self._lost[run_id] = claim
+        self._pending[run_id] = claim
         return claim, _detached_run(values), own_quota
-
-    def _claim_late(self, claim: Claim, second: tuple[str, dict[str, Any]] | None) -> Event:
-        """SQLite: make the claim read by `open_claim`, with `RunStarted` and `second`."""
-        typed = [("RunStarted", {"owner": claim.owner})] + ([second] if second else [])
-        params = {
-            "p_id": claim.run_id,
-            "p_owner": claim.owner,
-            "p_prior_fence": claim.fence - 1,
-            **self.db.clock_params(),
-        }
-        with self.db.transaction() as session:
-            row = session.execute(_CLAIM_LATE[len(typed)], params).one_or_none()
-            if row is not None:
-                events = _numbered(claim.run_id, row[0], row[1], typed)
-                _insert_events(session, events)
-        del self._lost[claim.run_id]
-        if row is None:
-            self._taken_by_another(claim)
-        return self.publish(events[-1]) or events[-1]
-
-    def _begin_claim(
-        self, statement: Update, run_id: str, owner: str, **extra: Any
-    ) -> tuple[Claim, dict[str, Any]] | None:
-        """Run a claim statement in a transaction left open (committed at once on SQLite)."""
-        hold = not self.db.is_sqlite
-        params = {"p_id": run_id, "p_owner": owner, **self.db.clock_params(), **extra}
-        transaction = self.db.transaction()
-        session = transaction.__enter__()
-        try:
-            row = session.execute(statement if hold else _CLAIM_WITH_QUOTA, params).one_or_none()
-        except BaseException:
-            transaction.__exit__(*sys.exc_info())
-            raise
-        if row is None:
-            transaction.__exit__(None, None, None)
-            return None
-        values = row._asdict()
-        claim = Claim(run_id=run_id, fence=values["fence"], owner=owner)
-        if hold:
-            values["event_seq"] -= 1  # as it reads once settled with `RunStarted` alone
-        at = values["heartbeat_at"]
-        assert at is not None
-        self._open[run_id] = _OpenClaim(claim, session, transaction, values["event_seq"], at)
-        if not hold:  # SQLite: committed before the row is built, out of the write lock
-            try:
-                self._commit_open(claim, None, reserved=False, publish=False)
-            except BaseException:
-                self._lost.pop(run_id, None)  # the caller sees it fail: nothing is held
-                raise
-        return claim, values
 
     @rides_out_outages
     def settle(self, claim: Claim) -> None:
-        """Commit the claim's open transaction (`open_claim`), if it is still open."""
+        """Make the claim read by `open_claim`, if it is not made yet."""
         self._settle(claim)
 
     def _settle(self, claim: Claim) -> None:
-        if self._is_open(claim):
-            self._commit_open(claim, None)
+        if self._is_pending(claim):
+            self._make_claim(claim, None)
 
-    @rides_out_outages
     def let_go(self, claim: Claim) -> None:
-        """The executor is done with `claim`: commit its open transaction, if it is still
-        open; forget it, if that transaction was lost (the run is still `Queued`, unclaimed,
-        and the requeue scan sends it again)."""
-        for forgotten in (self._lost, self._taken):
+        """The executor is done with `claim`: forget it, if it was never made (the run is
+        still `Queued`, unclaimed, and the requeue scan sends it again) or never could be."""
+        for forgotten in (self._pending, self._taken):
             if forgotten.get(claim.run_id) == claim:
                 del forgotten[claim.run_id]
-                return
-        self._settle(claim)
 
-    def _is_open(self, claim: Claim | None) -> bool:
-        """Whether `claim`'s transaction is open here. A claim whose open transaction was lost
-        is made again first, in a new one: RunTakenAway when someone claimed the run since."""
+    def _is_pending(self, claim: Claim | None) -> bool:
+        """Whether `claim` is read and not made yet; `RunTakenAway` for a claim that another
+        process made first (its fence number may be theirs: nothing of it may be written)."""
         if claim is None:
             return False
         if self._taken.get(claim.run_id) == claim:
             raise RunTakenAway(f"run {claim.run_id} was claimed by another process")
-        if self._lost.get(claim.run_id) == claim:
-            if self.db.is_sqlite:
-                return True  # claimed by the write that asks (`_commit_open`)
-            self._claim_again(claim)
-        opened = self._open.get(claim.run_id)
-        return opened is not None and opened.claim == claim
+        return self._pending.get(claim.run_id) == claim
 
-    def _claim_again(self, claim: Claim) -> None:
-        again = self._begin_claim(
-            _CLAIM_AGAIN, claim.run_id, claim.owner, p_prior_fence=claim.fence - 1
-        )
-        del self._lost[claim.run_id]
-        if again is None:  # the guard: the same fence again, or nothing
-            self._taken_by_another(claim)
+    def _make_claim(self, claim: Claim, second: tuple[str, dict[str, Any]] | None) -> Event:
+        """The claim, `RunStarted` and `second`, committed and published at once.
 
-    def _taken_by_another(self, claim: Claim) -> NoReturn:
-        self._taken[claim.run_id] = claim
-        raise RunTakenAway(f"run {claim.run_id} was claimed by another process")
-
-    def _commit_open(
-        self,
-        claim: Claim,
-        second: tuple[str, dict[str, Any]] | None,
-        *,
-        reserved: bool = True,
-        publish: bool = True,
-    ) -> Event:
-        """`RunStarted`, and `second` in the reserved number, committed and published once."""
-        if self._lost.get(claim.run_id) == claim:
-            return self._claim_late(claim, second)
-        opened = self._open.pop(claim.run_id)
-        data = {"owner": claim.owner}
-        events = [Event(claim.run_id, opened.started_seq, "RunStarted", opened.at, data)]
-        if second is not None:
-            type_, data = second
-            events.append(Event(claim.run_id, opened.started_seq + 1, type_, opened.at, data))
-        try:
-            try:
-                if second is None and reserved:
-                    params = {"p_id": claim.run_id, "p_fence": claim.fence}
-                    opened.session.execute(_UNRESERVE, params)
-                _insert_events(opened.session, events)
-            except BaseException:
-                opened.transaction.__exit__(*sys.exc_info())
-                raise
-            opened.transaction.__exit__(None, None, None)
-        except BaseException:  # rolled back: the claim too, so the next write makes it again
-            self._lost[claim.run_id] = claim
-            raise
-        if publish:
-            self.publish(events[-1])
+        Left pending when the write fails (the next write tries again); `RunTakenAway`, for
+        good, when the run was claimed, canceled or closed since it was read."""
+        typed = [("RunStarted", {"owner": claim.owner})] + ([second] if second else [])
+        params: dict[str, Any] = {
+            "p_id": claim.run_id,
+            "p_owner": claim.owner,
+            "p_read_fence": claim.fence - 1,
+            **self.db.clock_params(),
+        }
+        if self.db.is_sqlite:
+            with self.db.transaction() as session:
+                row = session.execute(_MAKE_CLAIM[len(typed)], params).one_or_none()
+                if row is not None:
+                    _insert_events(session, _numbered(claim.run_id, row[0], row[1], typed))
+        else:  # the claim and its events in one statement, committed as it runs
+            for i, (type_, data) in enumerate(typed):
+                params.update({f"p_type_{i}": type_, f"p_data_{i}": data})
+            with self.db.autocommit() as connection:
+                rows = connection.execute(_MAKE_CLAIM_IN_ONE[len(typed)], params).all()
+            row = max(rows) if rows else None
+        del self._pending[claim.run_id]
+        if row is None:
+            self._taken[claim.run_id] = claim
+            raise RunTakenAway(f"run {claim.run_id} was claimed by another process")
+        events = _numbered(claim.run_id, row[0], row[1], typed)
+        self.publish(events[-1])
         return events[-1]
 
     @rides_out_outages
@@ -618,9 +505,9 @@ class RunStore:
     ) -> Event:
         """Append and publish one event (fenced when `claim` is given; in the claim's open
         transaction, when it has one)."""
-        if self._is_open(claim):
+        if self._is_pending(claim):
             assert claim is not None
-            return self._commit_open(claim, (type_, data))
+            return self._make_claim(claim, (type_, data))
         with self.db.transaction() as session:
             event = self.append_in(session, claim, type_, data, run_id=run_id)
         self.publish(event)
@@ -817,27 +704,20 @@ class RunStore:
         Returns the ids still owned: a run missing from the answer was closed or claimed
         by someone else, and its executor must stop.
         """
-        # a claim whose transaction this store holds open (`open_claim`) is ours: its row
-        # is locked by it, and an UPDATE from here would see the row as it was before the
-        # claim (READ COMMITTED) and find it not ours; the claim wrote its heartbeat itself
-        held = {
-            run_id
-            for run_id, fence in owned.items()
-            if (opened := self._open.get(run_id)) is not None and opened.claim.fence == fence
-        }
+        held: set[str] = set()
         # a claim that another process made first is not ours, whatever its fence number
         owned = {
             run_id: fence
             for run_id, fence in owned.items()
             if (taken := self._taken.get(run_id)) is None or taken.fence != fence
         }
-        # a claim whose open transaction was lost is ours while the run waits `Queued` with
-        # the fence before it (its next write claims it again); its own fence number may be
-        # another process's claim by now, so it is not heartbeat by that number
+        # a claim read and not made yet is ours while the run waits `Queued` with the fence
+        # read (its next write makes it); its own fence number may be another process's
+        # claim by now, so it is not heartbeat by that number
         lost = {
             run_id: fence
             for run_id, fence in owned.items()
-            if (claim := self._lost.get(run_id)) is not None and claim.fence == fence
+            if (claim := self._pending.get(run_id)) is not None and claim.fence == fence
         }
         if lost:
             waiting = or_(
@@ -913,7 +793,7 @@ class RunStore:
     def still_owned(self, claim: Claim) -> str | None:
         """Why the claim may no longer start work (`taken_away`, `canceled`), or None: read
         right before a tool body starts, so a paused owner never starts one late."""
-        self._settle(claim)  # a lost claim is made again here, or RunTakenAway
+        self._settle(claim)  # a claim not made yet is made here, or RunTakenAway
         query = select(RUNS.c.status, RUNS.c.fence, RUNS.c.cancel_requested_at).where(
             RUNS.c.id == claim.run_id
         )
@@ -1115,17 +995,6 @@ def _detached_run(values: dict[str, Any]) -> Run:
     run.__dict__.update(_NULL_RUN, **values)
     make_transient_to_detached(run)
     return run
-
-
-@dataclass
-class _OpenClaim:
-    """A claim whose transaction is still open (`RunStore.open_claim`)."""
-
-    claim: Claim
-    session: Connection
-    transaction: AbstractContextManager[Connection]
-    started_seq: int  # `RunStarted`'s; the next one is reserved
-    at: datetime
 
 
 def _numbered(
