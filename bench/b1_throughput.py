@@ -91,7 +91,7 @@ class Submitted:
 
 def parse_args(argv: Sequence[str] | None) -> Options:
     parser = argparse.ArgumentParser(prog="python -m bench.b1_throughput", description=__doc__)
-    parser.add_argument("--runs", type=int, default=500, help="runs and no-op tasks timed")
+    parser.add_argument("--runs", type=int, default=2000, help="runs and no-op tasks timed")
     parser.add_argument("--concurrency", type=int, default=16, help="submitting client threads")
     parser.add_argument("--worker-concurrency", type=int, default=16, help="worker threads")
     parser.add_argument("--database", help="SQL URL (default: a fresh SQLite file)")
