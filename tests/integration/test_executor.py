@@ -432,3 +432,23 @@ def test_a_run_claimed_elsewhere_before_its_first_call_makes_no_call_and_reserve
     assert event_types(runtime, run_id) == ["RunQueued", "RunStarted"]
     limits = Limits.from_settings(runtime.settings.agent_graph)
     assert runtime.executor.budgets.gate(run_id, "tool", limits).reserved == 0
+
+
+def test_a_second_delivery_to_the_same_process_finds_the_run_claimed(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = make_runtime(sql_url, **scripted_agent([{"Text": "hi"}]))
+    run_id = submit(runtime)
+    first = runtime.runs.open_claim(run_id, "worker-a")
+    assert first is not None
+
+    # While the first thread's claim is read and not made, a second thread of the same
+    # process (the same owner, so the same fence and an equal claim) gets nothing
+    assert runtime.runs.open_claim(run_id, "worker-a") is None
+    assert runtime.executor.execute(run_id) == "dropped"
+
+    # and the first makes it, alone
+    runtime.runs.append(first[0], "ModelCallStarted", {"turn": 0})
+    runtime.runs.let_go(first[0])
+    assert event_types(runtime, run_id).count("RunStarted") == 1
+    assert runtime.runs.open_claim(run_id, "worker-a") is None  # Running now

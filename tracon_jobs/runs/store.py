@@ -324,6 +324,8 @@ class RunStore:
         self.feed = feed
         # run id -> a claim read and not made yet: the claim's next write makes it
         self._pending: dict[str, Claim] = {}
+        # run id -> a claim that was never made: another process claimed the run first, with
+        # the same fence number maybe; every write of it is refused until `let_go`
         self._taken: dict[str, Claim] = {}
 
     def publish(self, event: Event | None) -> Event | None:
@@ -399,8 +401,11 @@ class RunStore:
         try:
             self.settle(claim)
         except RunTakenAway:  # claimed by another process since it was read
-            self._taken.pop(run_id, None)
+            self.let_go(claim)
             return None
+        except BaseException:
+            self.let_go(claim)
+            raise
         return claim, run
 
     @rides_out_outages
@@ -416,10 +421,10 @@ class RunStore:
         claimed the run in between wins, and that write raises `RunTakenAway`, before any
         model call. Until then the run is this process's to the heartbeat while it waits
         `Queued` with the fence read; a claim never made (the executor let go without a
-        write) leaves it `Queued`, for the requeue scan to send again.
+        write) leaves it `Queued`, for the requeue scan to send again. A second delivery
+        of the run to this process while its claim is read and not made (a re-send taken
+        in the same batch) finds it claimed: only one thread of a process holds a claim.
         """
-        self._pending.pop(run_id, None)
-        self._taken.pop(run_id, None)
         with self.db.read_connection() as connection:
             params = {"p_id": run_id, **self.db.clock_params()}
             row = connection.execute(_READ_CLAIMABLE, params).one_or_none()
@@ -440,7 +445,8 @@ class RunStore:
             started_at=values["started_at"] or now,
             heartbeat_at=now,
         )
-        self._pending[run_id] = claim
+        if self._pending.setdefault(run_id, claim) is not claim:  # atomic: one thread wins
+            return None
         return claim, _detached_run(values), own_quota
 
     @rides_out_outages
