@@ -16,6 +16,8 @@ import threading
 
 from celery.concurrency.thread import TaskPool
 
+from tracon_jobs.startup import freeze_startup_objects
+
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 30.0
@@ -32,6 +34,7 @@ class StartedTaskPool(TaskPool):
         for _ in range(self.limit):
             self.executor.submit(_wait_at, everyone)
         _wait_at(everyone)
+        freeze_startup_objects()  # the worker is built: the consumer starts next
 
 
 def _wait_at(barrier: threading.Barrier) -> None:

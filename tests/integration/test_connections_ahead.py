@@ -4,6 +4,7 @@ opening them at the same moment."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 
@@ -50,12 +51,16 @@ def test_the_worker_pool_starts_every_thread_before_the_first_task(
     runtime = make_runtime(sqlite_url, Worker={"Concurrency": 7}, **scripted_agent([]))
     pool = get_implementation(runtime.celery.conf.worker_pool)(limit=7)
 
+    gc.unfreeze()
     pool.start()
     try:
         started = set(pool.executor._threads)
         assert len(started) == 7 and all(thread.is_alive() for thread in started)
+        # and what the process built to start is out of the collector's reach
+        assert gc.get_freeze_count() > 1000
         # and a task runs on one of them: none is started for it
         ran_on = pool.executor.submit(threading.current_thread).result(timeout=5)
         assert ran_on in started and set(pool.executor._threads) == started
     finally:
         pool.stop()
+        gc.unfreeze()

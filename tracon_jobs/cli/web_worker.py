@@ -30,6 +30,7 @@ from gunicorn.http import wsgi
 from gunicorn.workers.gthread import ThreadWorker
 
 from tracon_jobs.handoff import HANDOFF, Handoff
+from tracon_jobs.startup import freeze_startup_objects
 
 NEXT_REQUEST_WAIT = 0.005
 """Seconds a thread that answered a kept-alive connection waits for the client's next
@@ -69,6 +70,10 @@ class ProblemThreadWorker(ThreadWorker):
         self.handed_over: set[Any] = set()
         self.handed_over_lock = threading.Lock()
         super().init_process()
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        freeze_startup_objects()
 
     def handle(self, conn: Any) -> Any:
         """gthread's `handle`, then the connection's next requests while they come at once.
