@@ -115,5 +115,10 @@ class RunTakenAway(TraconError):
     """A fenced write matched no row: the run was closed or claimed by someone else."""
 
 
+class ClaimedElsewhere(RunTakenAway):
+    """The claim of a delivery was never made: another process claimed the run (or it was
+    canceled) between the read of its row and its first write. The run did not start here."""
+
+
 class EnqueueError(TraconError):
     """The broker refused or could not be reached when sending a run's message."""

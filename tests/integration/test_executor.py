@@ -425,8 +425,9 @@ def test_a_run_claimed_elsewhere_before_its_first_call_makes_no_call_and_reserve
 
     monkeypatch.setattr(runtime.executor, "_budget_for_model_call", claimed_meanwhile)
 
-    # When another process claims the run between the gate and the call's start
-    assert runtime.executor.execute(run_id) == "taken_away"
+    # When another process claims the run between the gate and the call's start, this
+    # delivery is a duplicate that lost the race
+    assert runtime.executor.execute(run_id) == "dropped"
 
     # Then no call started here, and the tokens reserved for it are the tree's again
     assert event_types(runtime, run_id) == ["RunQueued", "RunStarted"]

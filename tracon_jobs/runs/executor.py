@@ -32,7 +32,13 @@ from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
 from tracon_jobs.coordination.scripts import deferring
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
-from tracon_jobs.errors import ConfigurationError, ProviderError, RunCanceled, RunTakenAway
+from tracon_jobs.errors import (
+    ClaimedElsewhere,
+    ConfigurationError,
+    ProviderError,
+    RunCanceled,
+    RunTakenAway,
+)
 from tracon_jobs.pricing import price_at
 from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, ToolCall
 from tracon_jobs.providers.registry import ProviderRegistry
@@ -152,6 +158,9 @@ class RunExecutor:
             # same client, at the latest with the final event's publish: one round trip
             with logs.run_context(run_id, agent=run.agent), deferring():
                 return self._execute_claimed(claim, run, own_quota)
+        except ClaimedElsewhere:  # a duplicate delivery that lost the race: nothing ran here
+            log.info("run %s was claimed by another worker first; delivery dropped", run_id)
+            return "dropped"
         finally:
             self.runs.let_go(claim)
 
@@ -166,6 +175,8 @@ class RunExecutor:
             signal.abort(CANCELED)
         try:
             return self._run_to_end(claim, run, signal, own_quota).value
+        except ClaimedElsewhere:
+            raise
         except RunTakenAway:
             log.warning("run %s was taken away from fence %s; stopping", run_id, claim.fence)
             return "taken_away"

@@ -53,7 +53,7 @@ from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.hot import hot
 from tracon_jobs.db.models import Run, RunEvent, TenantQuotaOverride
 from tracon_jobs.db.outages import rides_out_outages
-from tracon_jobs.errors import RunTakenAway
+from tracon_jobs.errors import ClaimedElsewhere, RunTakenAway
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENT, Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.quota import OwnQuota
 
@@ -400,7 +400,7 @@ class RunStore:
         claim, run, _own_quota = claimed
         try:
             self.settle(claim)
-        except RunTakenAway:  # claimed by another process since it was read
+        except ClaimedElsewhere:  # claimed by another process since it was read
             self.let_go(claim)
             return None
         except BaseException:
@@ -418,7 +418,7 @@ class RunStore:
         read (`_make_claim`): the executor's first `ModelCallStarted` commits with the
         claim and `RunStarted` in one statement on PostgreSQL (one turn on the write lock
         on SQLite), and nothing is held across the Redis calls before it. A process that
-        claimed the run in between wins, and that write raises `RunTakenAway`, before any
+        claimed the run in between wins, and that write raises `ClaimedElsewhere`, before any
         model call. Until then the run is this process's to the heartbeat while it waits
         `Queued` with the fence read; a claim never made (the executor let go without a
         write) leaves it `Queued`, for the requeue scan to send again. A second delivery
@@ -466,19 +466,20 @@ class RunStore:
                 del forgotten[claim.run_id]
 
     def _is_pending(self, claim: Claim | None) -> bool:
-        """Whether `claim` is read and not made yet; `RunTakenAway` for a claim that another
+        """Whether `claim` is read and not made yet; `ClaimedElsewhere` for a claim that another
         process made first (its fence number may be theirs: nothing of it may be written)."""
         if claim is None:
             return False
         if self._taken.get(claim.run_id) == claim:
-            raise RunTakenAway(f"run {claim.run_id} was claimed by another process")
+            raise ClaimedElsewhere(f"run {claim.run_id} was claimed by another process")
         return self._pending.get(claim.run_id) == claim
 
     def _make_claim(self, claim: Claim, second: tuple[str, dict[str, Any]] | None) -> Event:
         """The claim, `RunStarted` and `second`, committed and published at once.
 
-        Left pending when the write fails (the next write tries again); `RunTakenAway`, for
-        good, when the run was claimed, canceled or closed since it was read."""
+        Left pending when the write fails (the next write tries again); `ClaimedElsewhere`
+        (a `RunTakenAway`), for good, when the run was claimed, canceled or closed since it
+        was read."""
         typed = [("RunStarted", {"owner": claim.owner})] + ([second] if second else [])
         params: dict[str, Any] = {
             "p_id": claim.run_id,
@@ -500,7 +501,7 @@ class RunStore:
         del self._pending[claim.run_id]
         if row is None:
             self._taken[claim.run_id] = claim
-            raise RunTakenAway(f"run {claim.run_id} was claimed by another process")
+            raise ClaimedElsewhere(f"run {claim.run_id} was claimed by another process")
         events = _numbered(claim.run_id, row[0], row[1], typed)
         self.publish(events[-1])
         return events[-1]
