@@ -380,6 +380,8 @@ def test_the_claim_commits_with_the_first_model_calls_start_in_one_write(
     row = runtime.runs.get(run_id)
     assert row is not None and (row.status, row.fence, row.owner) == ("Running", 1, "me")
     assert [e.seq for e in runtime.runs.events(run_id)] == [1, 2, 3]
+    read = claimed[1]  # the row as read, as the claim leaves it settled with RunStarted alone
+    assert (read.status, read.fence, read.owner, read.event_seq) == ("Running", 1, "me", 2)
     runtime.runs.let_go(claim)
     assert runtime.runs.heartbeat({run_id: claim.fence}) == {run_id}
 

@@ -438,12 +438,13 @@ class RunStore:
         )
         now = values.pop("read_at")
         claim = Claim(run_id=run_id, fence=values["fence"] + 1, owner=owner)
-        values.update(
+        values.update(  # as `settle` leaves it, with `RunStarted` alone
             status=RunStatus.RUNNING.value,
             fence=claim.fence,
             owner=owner,
             started_at=values["started_at"] or now,
             heartbeat_at=now,
+            event_seq=values["event_seq"] + 1,
         )
         if self._pending.setdefault(run_id, claim) is not claim:  # atomic: one thread wins
             return None
