@@ -401,11 +401,9 @@ class RunStore:
         try:
             self.settle(claim)
         except ClaimedElsewhere:  # claimed by another process since it was read
-            self.let_go(claim)
             return None
-        except BaseException:
-            self.let_go(claim)
-            raise
+        finally:
+            self.let_go(claim)  # forgets a claim that was not made; nothing once it is
         return claim, run
 
     @rides_out_outages
@@ -488,31 +486,54 @@ class RunStore:
             "p_read_fence": claim.fence - 1,
             **self.db.clock_params(),
         }
-        if self.db.is_sqlite:
-            with self.db.transaction() as session:
-                row = session.execute(_MAKE_CLAIM[len(typed)], params).one_or_none()
-                if row is not None:
-                    _insert_events(session, _numbered(claim.run_id, row[0], row[1], typed))
-        else:  # the claim and its events in one statement, committed as it runs
+        in_one = None if self.db.is_sqlite else _MAKE_CLAIM_IN_ONE[len(typed)]
+        event = self._write_with_events(
+            claim.run_id, _MAKE_CLAIM[len(typed)], in_one, params, typed
+        )
+        del self._pending[claim.run_id]
+        if event is None:
+            self._taken[claim.run_id] = claim
+            raise ClaimedElsewhere(f"run {claim.run_id} was claimed by another process")
+        self.publish(event)
+        return event
+
+    def _write_with_events(
+        self,
+        run_id: str,
+        guarded: Update,
+        in_one: Insert | None,
+        params: dict[str, Any],
+        typed: Sequence[tuple[str, dict[str, Any]]],
+    ) -> Event | None:
+        """`guarded` (an `UPDATE ... RETURNING event_seq, at` that hands out `len(typed)`
+        sequence numbers) and the events `typed`, committed at once: the last event, not
+        published yet, or None when the guard matched no row (nothing is written).
+
+        With `in_one` (PostgreSQL, `_with_events(guarded, ...)`), one statement in
+        autocommit; else one transaction of the update and a multi-row insert."""
+        if in_one is not None:
             for i, (type_, data) in enumerate(typed):
                 params.update({f"p_type_{i}": type_, f"p_data_{i}": data})
             with self.db.autocommit() as connection:
-                rows = connection.execute(_MAKE_CLAIM_IN_ONE[len(typed)], params).all()
-            row = max(rows) if rows else None
-        del self._pending[claim.run_id]
-        if row is None:
-            self._taken[claim.run_id] = claim
-            raise ClaimedElsewhere(f"run {claim.run_id} was claimed by another process")
-        events = _numbered(claim.run_id, row[0], row[1], typed)
-        self.publish(events[-1])
+                rows = connection.execute(in_one, params).all()
+            if not rows:
+                return None
+            seq, at = max(rows)
+            return _numbered(run_id, seq, at, typed)[-1]
+        with self.db.transaction() as session:
+            row = session.execute(guarded, params).one_or_none()
+            if row is None:
+                return None
+            events = _numbered(run_id, row[0], row[1], typed)
+            _insert_events(session, events)
         return events[-1]
 
     @rides_out_outages
     def append(
         self, claim: Claim | None, type_: str, data: dict[str, Any], *, run_id: str | None = None
     ) -> Event:
-        """Append and publish one event (fenced when `claim` is given; in the claim's open
-        transaction, when it has one)."""
+        """Append and publish one event (fenced when `claim` is given; with the claim itself,
+        when it is read and not made yet)."""
         if self._is_pending(claim):
             assert claim is not None
             return self._make_claim(claim, (type_, data))
@@ -686,23 +707,7 @@ class RunStore:
         if spend is not None:
             typed.insert(0, ("ModelCallCompleted", spend[1]))
         in_one = None if self.db.is_sqlite or extra_guard else _CLOSE_IN_ONE[id(statement)]
-        if in_one is not None:  # PostgreSQL: the write and its events in one statement
-            for i, (type_, event_data) in enumerate(typed):
-                params.update({f"p_type_{i}": type_, f"p_data_{i}": event_data})
-            with self.db.autocommit() as connection:
-                rows = connection.execute(in_one, params).all()
-            if not rows:
-                return None
-            seq, now = max(rows)
-        else:
-            with self.db.transaction() as session:
-                row = session.execute(statement, params).one_or_none()
-                if row is None:
-                    return None
-                seq, now = row
-                events = _numbered(run_id, seq, now, typed)
-                _insert_events(session, events)
-        return self.publish(_numbered(run_id, seq, now, typed)[-1])
+        return self.publish(self._write_with_events(run_id, statement, in_one, params, typed))
 
     # -- liveness, cancellation, reconciliation ----------------------------------------
 
@@ -712,7 +717,6 @@ class RunStore:
         Returns the ids still owned: a run missing from the answer was closed or claimed
         by someone else, and its executor must stop.
         """
-        held: set[str] = set()
         # a claim that another process made first is not ours, whatever its fence number
         owned = {
             run_id: fence
@@ -722,12 +726,13 @@ class RunStore:
         # a claim read and not made yet is ours while the run waits `Queued` with the fence
         # read (its next write makes it); its own fence number may be another process's
         # claim by now, so it is not heartbeat by that number
-        lost = {
+        pending = {
             run_id: fence
             for run_id, fence in owned.items()
             if (claim := self._pending.get(run_id)) is not None and claim.fence == fence
         }
-        if lost:
+        held: set[str] = set()
+        if pending:
             waiting = or_(
                 *(
                     and_(
@@ -735,16 +740,12 @@ class RunStore:
                         RUNS.c.fence == fence - 1,
                         RUNS.c.status == RunStatus.QUEUED.value,
                     )
-                    for rid, fence in lost.items()
+                    for rid, fence in pending.items()
                 )
             )
             with self.db.read() as session:
                 held |= set(session.scalars(select(RUNS.c.id).where(waiting)))
-        owned = {
-            run_id: fence
-            for run_id, fence in owned.items()
-            if run_id not in held and run_id not in lost
-        }
+        owned = {run_id: fence for run_id, fence in owned.items() if run_id not in pending}
         if not owned:
             return held
         still_ours = or_(
