@@ -28,7 +28,7 @@ import httpx
 import redis
 import sqlalchemy as sa
 
-from bench.harness import CLI, ROOT, STARTUP_TIMEOUT, run_benchmark, start_web
+from bench.harness import CLI, ROOT, STARTUP_TIMEOUT, GroupCpu, run_benchmark, start_web
 from tracon_jobs.cli.supervisor import Supervisor
 from tracon_jobs.db.engine import normalize_url
 from tracon_jobs.db.models import Run
@@ -45,6 +45,7 @@ RUN_POLL_SECONDS = 0.02
 NOOP_POLL_SECONDS = 0.005
 ID_CHUNK = 500
 TERMINAL = ("Completed", "Failed", "Canceled")
+OPEN = ("Queued", "Running", "Waiting")
 KEY_LINE = re.compile(r"api key \(shown once\): (\S+)")
 
 
@@ -66,6 +67,7 @@ class Measurement:
     seconds: float
     done: int
     problem: str = ""
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds, timed part
 
     @property
     def complete(self) -> bool:
@@ -202,17 +204,20 @@ def measure_tracon(
     clients = [api_client(base_url, api_key) for _ in range(options.concurrency)]
     try:
         warm_up_tracon(clients, counter, children)
+        cpu = GroupCpu({child.name: child.popen.pid for child in children.running()})
         started = time.perf_counter()
         submitted = submit_runs(clients, options.runs)
         statuses = await_runs(counter, submitted.ids, options.timeout, children)
         seconds = time.perf_counter() - started
+        cpu.stop()
     finally:
         for client in clients:
             client.close()
         counter.close()
     done = statuses["Completed"]
     problem = "" if done == options.runs else f"not all Completed: {_shown(statuses)}"
-    return Measurement("tracon runs (HTTP)", options.runs, seconds, done, problem), submitted
+    measured = Measurement("tracon runs (HTTP)", options.runs, seconds, done, problem, cpu.seconds)
+    return measured, submitted
 
 
 def run_checked(argv: Sequence[str], env: dict[str, str], cwd: Path) -> str:
@@ -280,10 +285,19 @@ def post_runs(client: httpx.Client, indices: range) -> Submitted:
 
 
 class RunCounter:
-    """Counts runs per status straight from SQL: one query, where the API would page."""
+    """Counts runs per status straight from SQL: one query, where the API would page.
 
-    def __init__(self, url: str) -> None:
+    Waiting for runs to end costs the machine being measured as little as the baseline's
+    Redis `GET` does: a poll counts the open runs of the whole table (an index range, no
+    list of ids), and only when that count is back where it was before the runs were
+    submitted are the submitted runs' statuses read by id. The by-id read of a few thousand
+    ids costs milliseconds of CPU; every 20 ms it took a tenth of a core from the worker.
+    """
+
+    def __init__(self, url: str, *, queued: int = 0) -> None:
+        """`queued`: runs of ours in the database already (queued before this counter)."""
         self.engine = sa.create_engine(normalize_url(url))
+        self.open_before = self.open_runs() - queued  # a reused database's runs left open
 
     def statuses(self, ids: list[str]) -> Counter[str]:
         counts: Counter[str] = Counter()
@@ -297,6 +311,17 @@ class RunCounter:
                 counts.update({status: number for status, number in conn.execute(query)})
         return counts
 
+    def open_runs(self) -> int:
+        """Runs of any submitter not ended yet: one count over the status index."""
+        query = sa.select(sa.func.count()).select_from(Run).where(Run.status.in_(OPEN))
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def maybe_all_ended(self) -> bool:
+        """False while more runs are open than before ours were submitted: some of ours
+        are. True says only "look": a run open before may have ended while ours run."""
+        return self.open_runs() <= self.open_before
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -307,9 +332,11 @@ def await_runs(
     """Statuses once every run ended (or at the timeout, with some still open)."""
     deadline = time.monotonic() + timeout
     while True:
-        statuses = counter.statuses(ids)
-        if sum(statuses[s] for s in TERMINAL) >= len(ids) or time.monotonic() > deadline:
-            return statuses
+        late = time.monotonic() > deadline
+        if counter.maybe_all_ended() or late:
+            statuses = counter.statuses(ids)
+            if sum(statuses[s] for s in TERMINAL) >= len(ids) or late:
+                return statuses
         children.check_alive()
         time.sleep(RUN_POLL_SECONDS)
 
@@ -332,14 +359,17 @@ def measure_celery(options: Options, redis_url: str, children: Supervisor) -> Me
     client = redis.Redis.from_url(redis_url)
     try:
         warm_up_celery(baseline, client, options.concurrency, children)
+        cpu = GroupCpu({child.name: child.popen.pid for child in children.running()})
         started = time.perf_counter()
         send_noops(baseline.noop, options.runs, options.concurrency)
         done = await_noops(client, baseline.COUNTER_KEY, options.runs, options.timeout, children)
         seconds = time.perf_counter() - started
+        cpu.stop()
     finally:
         client.close()
     problem = "" if done == options.runs else f"only {done} no-ops ran"
-    return Measurement("celery no-op", options.runs, seconds, min(done, options.runs), problem)
+    done = min(done, options.runs)
+    return Measurement("celery no-op", options.runs, seconds, done, problem, cpu.seconds)
 
 
 def import_baseline(redis_url: str) -> Any:
@@ -419,6 +449,7 @@ def print_report(
     print()
     print(f"  {ratio_line(tracon, baseline, goal_for(database))}")
     print(f"  {latency_line(latencies)}")
+    print(f"  {cpu_line(tracon, baseline)}")
 
 
 def goal_for(database: str) -> float:
@@ -430,6 +461,18 @@ def ratio_line(tracon: Measurement, baseline: Measurement, goal: float) -> str:
     ratio = tracon.per_second / baseline.per_second if baseline.per_second else 0.0
     verdict = "met" if ratio >= goal else "missed"
     return f"ratio = tracon / celery = {ratio:.2f}   (goal >= {goal:.2f}: {verdict})"
+
+
+def cpu_line(tracon: Measurement, baseline: Measurement) -> str:
+    """CPU milliseconds per run (per no-op) of each process, while timed: where the machine's
+    two cores went, steadier than the rates (the bench's own HTTP clients are not counted)."""
+    parts = [
+        f"{name} {seconds * 1000 / row.done:.2f}"
+        for row in (tracon, baseline)
+        if row.done
+        for name, seconds in row.cpu.items()
+    ]
+    return "CPU ms per run: " + (", ".join(parts) if parts else "not known here (no /proc)")
 
 
 def latency_line(latencies: list[float]) -> str:

@@ -36,6 +36,7 @@ from bench.b1_throughput import (
     _chunks,
     _safe_url,
     _shown,
+    await_runs,
     child_env,
     choose_redis,
     import_baseline,
@@ -170,9 +171,9 @@ def measure_tracon(
     model.reset()
     worker = children.start("worker", [*CLI, "worker", "-n", "b2@%h"], env)
     cpu = WorkerCpu(worker, children)
-    runs = RunSpans(database)
+    runs = RunSpans(database, queued=len(ids))  # all still Queued: no worker ran before
     try:
-        statuses = await_done(lambda: runs.statuses(ids), options, children)
+        statuses = await_runs(runs, ids, options.timeout, children)
         cpu.stop()
         span = runs.span(ids)
     finally:

@@ -4,6 +4,7 @@ and waited for."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -81,3 +82,35 @@ def healthy(base_url: str) -> bool:
         return httpx.get(f"{base_url}/healthz", timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def group_cpu_seconds(pgid: int) -> float | None:
+    """User plus system time of the live processes of process group `pgid`, all their
+    threads (Linux `/proc`; None elsewhere): a web's master and workers together."""
+    total, found = 0.0, False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile, or no /proc
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+            found = True
+    return total / os.sysconf("SC_CLK_TCK") if found else None
+
+
+class GroupCpu:
+    """CPU seconds the process groups of some children spend from now to `stop`."""
+
+    def __init__(self, pgids: dict[str, int]) -> None:
+        self.pgids = pgids
+        self.started = {name: group_cpu_seconds(pgid) for name, pgid in pgids.items()}
+        self.seconds: dict[str, float] = {}
+
+    def stop(self) -> None:
+        for name, pgid in self.pgids.items():
+            ended, started = group_cpu_seconds(pgid), self.started[name]
+            if ended is not None and started is not None:
+                self.seconds[name] = ended - started
