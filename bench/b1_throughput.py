@@ -205,11 +205,12 @@ def measure_tracon(
     try:
         warm_up_tracon(clients, counter, children)
         cpu = GroupCpu({child.name: child.popen.pid for child in children.running()})
-        started = time.perf_counter()
+        started, client_cpu = time.perf_counter(), time.process_time()
         submitted = submit_runs(clients, options.runs)
         statuses = await_runs(counter, submitted.ids, options.timeout, children)
         seconds = time.perf_counter() - started
         cpu.stop()
+        cpu.seconds["bench client"] = time.process_time() - client_cpu
     finally:
         for client in clients:
             client.close()
@@ -360,11 +361,12 @@ def measure_celery(options: Options, redis_url: str, children: Supervisor) -> Me
     try:
         warm_up_celery(baseline, client, options.concurrency, children)
         cpu = GroupCpu({child.name: child.popen.pid for child in children.running()})
-        started = time.perf_counter()
+        started, client_cpu = time.perf_counter(), time.process_time()
         send_noops(baseline.noop, options.runs, options.concurrency)
         done = await_noops(client, baseline.COUNTER_KEY, options.runs, options.timeout, children)
         seconds = time.perf_counter() - started
         cpu.stop()
+        cpu.seconds["bench client"] = time.process_time() - client_cpu
     finally:
         client.close()
     problem = "" if done == options.runs else f"only {done} no-ops ran"
