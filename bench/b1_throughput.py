@@ -468,10 +468,10 @@ def print_report(options: Options, redis_url: str, database: str, rounds: list[R
         for row in (one.tracon, one.baseline):
             label = f"{row.label} #{number}"
             print(f"  {label:<24} {row.count:>6} {row.seconds:>9.2f} {row.per_second:>9.1f}")
-    for one in rounds:
+    for number, one in enumerate(rounds, 1):
         for row in (one.tracon, one.baseline):
             if row.problem:
-                print(f"  FAILED {row.label}: {row.problem}")
+                print(f"  FAILED {row.label} #{number}: {row.problem}")
     print()
     print(f"  {ratio_line(rounds, goal_for(database))}")
     print(f"  {latency_line([latency for one in rounds for latency in one.latencies])}")
