@@ -5,9 +5,12 @@ back to the poller otherwise."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -82,3 +85,29 @@ def test_a_stopping_worker_hands_the_connection_back_after_its_request(
     worker.handle(conn)
     assert calls == ["/healthz"]  # the second waits for the poller, which a stopping worker
     # answers with "Connection: close"
+
+
+def test_a_quit_signal_while_the_pools_lock_is_held_still_exits(
+    worker: ProblemThreadWorker,
+) -> None:
+    """The main thread holds the pool's lock inside `submit` and inside a first quit's
+    `shutdown`; gthread's quit handler waited for that lock forever (a second quit signal,
+    the master's SIGQUIT after `dev`'s Ctrl-C reached the whole group, hung the worker)."""
+    worker.tpool = ThreadPoolExecutor(1)
+    exited: Future[BaseException | None] = Future()
+
+    def quit_now() -> None:
+        try:
+            worker.handle_quit(signal.SIGQUIT, None)
+        except BaseException as exc:  # SystemExit, as the handler exits the process
+            exited.set_result(exc)
+        else:
+            exited.set_result(None)
+
+    with worker.tpool._shutdown_lock:  # held, as the main thread may hold it
+        quitting = threading.Thread(target=quit_now, daemon=True)
+        quitting.start()
+        outcome = exited.result(timeout=5)  # gthread's own handler: TimeoutError
+    assert isinstance(outcome, SystemExit)
+    assert worker.alive is False
+    worker.tpool.shutdown()

@@ -1,4 +1,4 @@
-"""The gunicorn worker of `tracon-jobs web`: gthread, with three changes.
+"""The gunicorn worker of `tracon-jobs web`: gthread, with four changes.
 
 - Its own error answers (a request line too long: 414, header fields too large: 431, a
   malformed request: 400) are problem+json like every answer of the app, instead of
@@ -13,6 +13,7 @@
 - A kept-alive connection whose next request comes at once (within `NEXT_REQUEST_WAIT`) is
   answered by the thread that answered the one before, without going back through the
   worker's poller (`ProblemThreadWorker.handle`).
+- A quit signal (SIGINT, SIGQUIT) cannot deadlock the worker (`ProblemThreadWorker.handle_quit`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from gunicorn import util
 from gunicorn.http import wsgi
+from gunicorn.workers.base import Worker
 from gunicorn.workers.gthread import ThreadWorker
 
 from tracon_jobs.handoff import HANDOFF, Handoff
@@ -74,6 +76,21 @@ class ProblemThreadWorker(ThreadWorker):
     def load_wsgi(self) -> None:
         super().load_wsgi()
         freeze_startup_objects()
+
+    def handle_quit(self, sig: int, frame: Any) -> None:
+        """gunicorn's quick exit (SIGINT, SIGQUIT), without shutting the pool down from the
+        signal handler.
+
+        gthread's handler calls the pool's `shutdown`, whose lock is not reentrant; a handler
+        that runs while the main thread holds that lock waits for it forever. It did: a
+        Ctrl-C of `tracon-jobs dev` reaches every process of the web, the master then sends
+        its workers SIGQUIT, and the second handler ran inside the first one's `shutdown`
+        (the worker hung until it was killed; about one stop in thirty). The main thread
+        also holds that lock in the pool's `submit`, for every request. Here the handler only
+        stops the worker and exits, as gunicorn's base worker does; the pool's threads are
+        told to stop at the interpreter's exit, as every pool's are.
+        """
+        Worker.handle_quit(self, sig, frame)
 
     def handle(self, conn: Any) -> Any:
         """gthread's `handle`, then the connection's next requests while they come at once.
