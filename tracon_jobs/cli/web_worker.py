@@ -85,7 +85,7 @@ class ProblemThreadWorker(ThreadWorker):
         that runs while the main thread holds that lock waits for it forever. It did: a
         Ctrl-C of `tracon-jobs dev` reaches every process of the web, the master then sends
         its workers SIGQUIT, and the second handler ran inside the first one's `shutdown`
-        (the worker hung until it was killed; about one stop in thirty). The main thread
+        (the worker hung until it was killed: 3 stops of about 150). The main thread
         also holds that lock in the pool's `submit`, for every request. Here the handler only
         stops the worker and exits, as gunicorn's base worker does; the pool's threads are
         told to stop at the interpreter's exit, as every pool's are.
