@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -42,7 +41,7 @@ from bench.b1_throughput import (
     import_baseline,
 )
 from bench.b2_stub import MODEL, SlowModel
-from bench.harness import CLI, STARTUP_TIMEOUT, run_benchmark
+from bench.harness import CLI, STARTUP_TIMEOUT, GroupCpu, run_benchmark
 from tracon_jobs.cli.supervisor import Child, Supervisor, wait_until
 from tracon_jobs.db.models import Run
 
@@ -335,22 +334,12 @@ class WorkerCpu:
             watch=children.running(),
             interval=READY_POLL_SECONDS,
         )
-        self.started = process_cpu_seconds(worker.popen.pid)
+        self.cpu = GroupCpu({worker.name: worker.popen.pid})  # its own process group
         self.seconds: float | None = None
 
     def stop(self) -> None:
-        ended = process_cpu_seconds(self.worker.popen.pid)
-        if self.started is not None and ended is not None:
-            self.seconds = ended - self.started
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User plus system time of `pid`, all its threads; None where `/proc` is not there."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        self.cpu.stop()
+        self.seconds = self.cpu.seconds.get(self.worker.name)
 
 
 # -- report --------------------------------------------------------------------------------
