@@ -19,20 +19,32 @@ from tracon_jobs.resilience.quotas import RedisQuotaStore, window_of
 POLICY = BreakerPolicy(threshold=3, break_ms=1000, max_probes=1, probe_lease_ms=1000)
 
 
+HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH"}
+"""What a new connection sends before its first command: not counted."""
+
+
 class CountingRedis(redis.Redis):
-    """Counts the commands this client sends (a script's own commands are not sent)."""
+    """Counts the commands this client's connections send (a script's own commands are not
+    sent), whichever way they go: `execute_command` or a thread's held connection."""
 
     sent: Counter[str]
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.sent[str(args[0]).upper()] += 1
-        return super().execute_command(*args, **options)
 
 
 @pytest.fixture
 def client(redis_client: redis.Redis, redis_url: str) -> CountingRedis:
-    counting = CountingRedis(connection_pool=redis.ConnectionPool.from_url(redis_url))
-    counting.sent = Counter()
+    sent: Counter[str] = Counter()
+    base = redis.ConnectionPool.from_url(redis_url).connection_class
+
+    class CountingConnection(base):  # type: ignore[valid-type,misc]
+        def send_command(self, *args: Any, **kwargs: Any) -> None:
+            name = str(args[0]).upper()
+            if name not in HANDSHAKE:
+                sent[name] += 1
+            super().send_command(*args, **kwargs)
+
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
+    counting = CountingRedis(connection_pool=pool)
+    counting.sent = sent
     return counting
 
 

@@ -12,6 +12,7 @@ support Redis Cluster).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Iterator, Sequence
@@ -22,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.exceptions import NoScriptError
+
+from tracon_jobs.coordination.connections import command
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +127,31 @@ def _flush_all() -> None:
             log.warning("Redis unreachable; deferred scripts not run: %s", exc)
 
 
+class Script:
+    """A Lua script called by its SHA on the calling thread's connection (`command`),
+    loaded into the server when it does not know it yet (a restart flushed its cache)."""
+
+    __slots__ = ("client", "sha", "text")
+
+    def __init__(self, client: redis.Redis, text: str) -> None:
+        self.client = client
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    def __call__(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        try:
+            return command(self.client, "EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.client.script_load(self.text)
+            return command(self.client, "EVALSHA", self.sha, len(keys), *keys, *args)
+
+
 class Scripts:
     """Registered scripts of one Redis client: one round trip per call (EVALSHA)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._scripts: dict[str, Any] = {}
+        self._scripts: dict[str, Script] = {}
 
     def __call__(self, name: str, keys: list[str], args: list[Any], *, reply: bool = True) -> Any:
         """The script's reply; None for a call deferred (`reply=False` inside `deferring`)."""
@@ -145,7 +168,7 @@ class Scripts:
                     names = ", ".join(deferred.name for deferred in pending)
                     log.warning("Redis unreachable; deferred scripts not run (%s): %s", names, exc)
                     raise
-        return self._script(name, (name,))(keys=keys, args=args)
+        return self._script(name, (name,))(keys, args)
 
     def later(self, name: str, keys: list[str], args: list[Any]) -> Later:
         """A call whose reply is wanted but not yet: inside `deferring` it goes with the
@@ -176,12 +199,12 @@ class Scripts:
     def _run_all(self, calls: Sequence[Call]) -> list[Any]:
         if len(calls) == 1:
             only = calls[0]
-            return [self._script(only.name, (only.name,))(keys=only.keys, args=only.args)]
+            return [self._script(only.name, (only.name,))(only.keys, only.args)]
         names = tuple(call.name for call in calls)
         counts = [n for call in calls for n in (len(call.keys), len(call.args))]
         keys = [key for call in calls for key in call.keys]
         args = [*counts, *(arg for call in calls for arg in call.args)]
-        return list(self._script("+".join(names), names)(keys=keys, args=args))
+        return list(self._script("+".join(names), names)(keys, args))
 
     def _take_deferred(self) -> list[Call]:
         """The deferred calls on this client, in order; the others stay queued."""
@@ -189,9 +212,9 @@ class Scripts:
         _deferred.calls[:] = [(o, c) for o, c in _deferred.calls if o.client is not self.client]
         return mine
 
-    def _script(self, key: str, names: tuple[str, ...]) -> Any:
+    def _script(self, key: str, names: tuple[str, ...]) -> Script:
         script = self._scripts.get(key)
         if script is None:
             text = source(names[0]) if len(names) == 1 else composed_source(names)
-            script = self._scripts[key] = self.client.register_script(text)
+            script = self._scripts[key] = Script(self.client, text)
         return script

@@ -21,6 +21,7 @@ from kombu.utils import json as kombu_json
 from kombu.utils.uuid import uuid
 
 from tracon_jobs import metrics
+from tracon_jobs.coordination.connections import command
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.lifecycle import ErrorClass, RunError
@@ -130,7 +131,7 @@ def _pusher(app: Celery, client: redis.Redis) -> Callable[[dict[str, str], str |
         envelope = _envelope(message.headers, properties, message.body)
         for attempt in range(SEND_RETRIES + 1):
             try:
-                client.lpush(RUNS_QUEUE, envelope)
+                command(client, "LPUSH", RUNS_QUEUE, envelope)
                 return
             except (redis.ConnectionError, redis.TimeoutError):
                 if attempt == SEND_RETRIES:
