@@ -28,13 +28,14 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, StatementError
 
 from tests.helpers import MakeRuntime, scripted_agent
 from tracon_jobs.db import Database
 from tracon_jobs.db.hot import FastConnection, hot
 from tracon_jobs.runs.store import NewRun
 
+AT_OWN = datetime(2026, 12, 1, 4, 5, 6, 7000)
 METADATA = MetaData()
 THINGS = Table(
     "hot_things",
@@ -58,6 +59,12 @@ TEXT_INSERT = hot(
     )
 )
 EXPANDING = hot(select(THINGS.c.id).where(THINGS.c.id.in_(bindparam("ids", expanding=True))))
+OWN_VALUES = hot(
+    update(THINGS)
+    .where(THINGS.c.id == bindparam("p_id"))
+    .values(count=7, at=AT_OWN, data={"own": True})
+    .returning(THINGS.c.count, THINGS.c.at, THINGS.c.data)
+)
 NOT_HOT = select(THINGS.c.count).where(THINGS.c.id == bindparam("p_id"))
 AT = datetime(2026, 11, 30, 12, 34, 56, 789000)
 
@@ -113,6 +120,30 @@ def test_a_hot_statement_gives_what_sqlalchemy_gives_without_sqlalchemy_executin
     assert type(fast.at) is type(usual.at) is datetime
     assert type(fast.price) is type(usual.price) is Decimal
     assert tuple(text_row) == (5, {"n": None})
+
+
+def test_a_statements_own_values_are_bound_as_sqlalchemy_binds_them(db: Database) -> None:
+    # Given a hot statement carrying values of its own (a datetime and JSON: processed)
+    counted = Counted(db)
+    with db.transaction() as connection:
+        seed(connection)
+        fast = connection.execute(OWN_VALUES, {"p_id": "a"}).one()
+        # a statement's value the caller gives, by the bind's key, wins as in SQLAlchemy
+        given = connection.execute(OWN_VALUES, {"p_id": "a", "count": 9}).one()
+    assert counted.statements == []
+
+    with db.engine.connect() as plain:
+        usual = plain.execute(OWN_VALUES, {"p_id": "a"}).one()
+        usual_given = plain.execute(OWN_VALUES, {"p_id": "a", "count": 9}).one()
+        plain.rollback()
+    assert fast._asdict() == usual._asdict() == {"count": 7, "at": AT_OWN, "data": {"own": True}}
+    assert given._asdict() == usual_given._asdict()
+    assert given.count == 9
+
+
+def test_a_missing_value_is_refused_as_sqlalchemy_refuses_it(db: Database) -> None:
+    with pytest.raises(StatementError, match="p_by"), db.transaction() as connection:
+        connection.execute(BUMP, {"p_id": "a", "p_at": AT})
 
 
 def test_no_row_is_none_and_a_scalar_is_its_first_column(db: Database) -> None:

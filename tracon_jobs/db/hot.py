@@ -11,10 +11,13 @@ of CPU instead of 239 (one thread, no contention), and one worker process alone 
 A statement marked `hot` is compiled once per dialect and set of parameter names by
 SQLAlchemy itself; its SQL text, the order of its parameters and SQLAlchemy's own bind and
 result processors are kept, and `FastConnection.execute` runs it with the driver, processing
-the parameters and the rows exactly as SQLAlchemy would. What the shortcut does not cover runs
+the parameters and the rows exactly as SQLAlchemy would (`construct_params`: the caller's
+value by the parameter's key, else by its name, else the statement's own value, which is
+processed once, when the plan is made). What the shortcut does not cover runs
 the usual way: a statement not marked hot, an execution with options or several parameter
 sets, and a statement whose compiled form needs more than text and processors (Python-side
-column defaults, expanding or literal-rendered parameters, escaped parameter names), or that
+column defaults, expanding or literal-rendered parameters, escaped parameter names, a value
+computed on each execution or missing), or that
 this SQLAlchemy cannot describe so (its internals moved: logged once, and nothing breaks). A
 driver error is raised as SQLAlchemy raises it (`DBAPIError.instance`: `OperationalError`,
 `IntegrityError`, ...), so the callers' handling, and riding out outages, are unchanged.
@@ -38,6 +41,9 @@ log = logging.getLogger(__name__)
 
 Statement = TypeVar("Statement", bound=Executable)
 Processor = Callable[[Any], Any] | None
+Slot = tuple[str | None, Processor, Any]
+"""A positional parameter: (the key of the caller's value, its bind processor, None), or
+(None, None, the statement's own value, processed)."""
 
 _hot: dict[int, Executable] = {}  # id -> the statement (kept alive: ids stay unique)
 _plans: dict[tuple[int, type[Dialect], tuple[str, ...]], _Plan | None] = {}
@@ -54,12 +60,12 @@ def hot(statement: Statement) -> Statement:
 class _Plan:
     """A hot statement compiled for one dialect: what running it takes, nothing more."""
 
-    __slots__ = ("binds", "columns", "compiled", "metadata", "sql")
+    __slots__ = ("columns", "compiled", "metadata", "slots", "sql")
 
-    def __init__(self, compiled: SQLCompiler, binds: list[tuple[str, Processor]]) -> None:
+    def __init__(self, compiled: SQLCompiler, slots: list[Slot]) -> None:
         self.compiled = compiled
         self.sql = compiled.string
-        self.binds = binds
+        self.slots = slots
         entries = compiled._result_columns  # what SQLAlchemy reads rows by: (key, ..., type)
         dialect = compiled.dialect
         self.columns: list[Processor] = [
@@ -69,10 +75,13 @@ class _Plan:
         self.metadata = SimpleResultMetaData(keys) if keys else None
 
     def run(self, connection: Connection, parameters: Mapping[str, Any]) -> Any:
-        values = self.compiled.construct_params(parameters)
         args = tuple(
-            value if process is None else process(value)
-            for value, process in ((values[name], process) for name, process in self.binds)
+            value
+            if key is None
+            else parameters[key]
+            if process is None
+            else process(parameters[key])
+            for key, process, value in self.slots
         )
         driver = connection.connection.driver_connection
         assert driver is not None
@@ -118,14 +127,26 @@ def _compile(statement: Executable, dialect: Dialect, keys: Sequence[str]) -> _P
         or compiled.escaped_bind_names
     ):
         return None
+    if getattr(compiled, "_collected_params", None):
+        return None  # values of text clauses, collected as it compiled: merged on each call
     processors = compiled._bind_processors
-    binds: list[tuple[str, Processor]] = []
+    by_name = {name: bind for bind, name in compiled.bind_names.items()}
+    given = set(keys)
+    slots: list[Slot] = []
     for name in names:
         process = processors.get(name)
         if process is not None and not callable(process):
             return None  # a tuple of processors: an expanding tuple parameter
-        binds.append((name, process))
-    return _Plan(compiled, binds)
+        bind = by_name[name]
+        if bind.key in given:  # where `construct_params` looks first, then by name
+            slots.append((bind.key, process, None))
+        elif name in given:
+            slots.append((name, process, None))
+        elif bind.required or bind.callable is not None:
+            return None  # SQLAlchemy raises for a missing value, or calls for it each time
+        else:  # a value of the statement's own: processed once, here
+            slots.append((None, None, bind.value if process is None else process(bind.value)))
+    return _Plan(compiled, slots)
 
 
 class FastConnection(Connection):
