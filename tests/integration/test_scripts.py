@@ -36,11 +36,12 @@ def client(redis_client: redis.Redis, redis_url: str) -> CountingRedis:
     base = redis.ConnectionPool.from_url(redis_url).connection_class
 
     class CountingConnection(base):  # type: ignore[valid-type,misc]
-        def send_command(self, *args: Any, **kwargs: Any) -> None:
-            name = str(args[0]).upper()
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            packed = command if isinstance(command, bytes) else b"".join(command)
+            name = packed.split(b"\r\n", 3)[2].decode().upper()  # *<n> $<len> <name> ...
             if name not in HANDSHAKE:
                 sent[name] += 1
-            super().send_command(*args, **kwargs)
+            super().send_packed_command(command, check_health)
 
     pool = redis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
     counting = CountingRedis(connection_pool=pool)

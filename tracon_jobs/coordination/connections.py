@@ -22,7 +22,8 @@ import weakref
 from typing import Any
 
 import redis
-from redis.connection import ConnectionPool
+from hiredis import pack_command
+from redis.connection import ConnectionPool, HiredisRespSerializer
 
 
 class _Lease:
@@ -59,13 +60,29 @@ def _connection(client: redis.Redis) -> Any:
     return lease.connection
 
 
+def _packed(connection: Any, args: tuple[Any, ...]) -> list[bytes] | None:
+    """The command as redis-py's hiredis packer packs it, without its per-argument pass (it
+    turns bytearrays and memoryviews into bytes; none are sent here); None: pack as usual (a
+    connection of another packer, or a command name of several words)."""
+    if not isinstance(connection._command_packer, HiredisRespSerializer) or " " in args[0]:
+        return None
+    try:
+        return [pack_command(args)]
+    except TypeError as exc:  # what the packer raises for an argument of another type
+        raise redis.DataError(exc) from exc
+
+
 def command(client: redis.Redis, *args: Any) -> Any:
     """`client.execute_command(*args)` for a command with no response callback (EVALSHA,
     LPUSH): the server's reply as it is."""
     connection = _connection(client)
+    packed = _packed(connection, args)
 
     def send() -> Any:
-        connection.send_command(*args)
+        if packed is None:
+            connection.send_command(*args)
+        else:
+            connection.send_packed_command(packed)
         return connection.read_response()
 
     def drop(_error: Exception) -> None:
