@@ -7,12 +7,14 @@ from __future__ import annotations
 import gc
 import os
 import threading
+from typing import Any
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tracon_jobs.coordination import connections
 from tracon_jobs.coordination.connections import command
 from tracon_jobs.coordination.scripts import Script
 
@@ -105,3 +107,25 @@ def test_a_forked_child_takes_a_connection_of_its_own(client: redis.Redis) -> No
     assert os.waitstatus_to_exitcode(status) == 0
     assert child_id not in (0, parent_id)
     assert command(client, "CLIENT", "ID") == parent_id
+
+
+def test_a_command_cut_short_leaves_no_reply_for_the_next(client: redis.Redis) -> None:
+    # Given a command interrupted after it was sent, before its reply was read
+    connection = _held_connection(client)
+    real_read = connection.read_response
+
+    def interrupted(*_args: object, **_kwargs: object) -> object:
+        raise KeyboardInterrupt
+
+    connection.read_response = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        command(client, "SET", "held:cut", "1")
+    connection.read_response = real_read
+
+    # When the thread sends its next command, its own reply comes back (not the "OK")
+    assert command(client, "GET", "held:cut") == b"1"
+
+
+def _held_connection(client: redis.Redis) -> Any:
+    command(client, "PING")
+    return connections._connection(client)

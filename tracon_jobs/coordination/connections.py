@@ -79,11 +79,20 @@ def command(client: redis.Redis, *args: Any) -> Any:
     packed = _packed(connection, args)
 
     def send() -> Any:
-        if packed is None:
-            connection.send_command(*args)
-        else:
-            connection.send_packed_command(packed)
-        return connection.read_response()
+        try:
+            if packed is None:
+                connection.send_command(*args)
+            else:
+                connection.send_packed_command(packed)
+            return connection.read_response()
+        except redis.ResponseError:  # an error reply, read whole: the connection is good
+            raise
+        except BaseException:
+            # A command cut short (an interrupt between the send and the reply) would
+            # leave its reply for the next command to read. The pool checks a connection
+            # for that when it hands it out; a held one is dropped instead, and reconnects.
+            connection.disconnect()
+            raise
 
     def drop(_error: Exception) -> None:
         connection.disconnect()
