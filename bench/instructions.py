@@ -40,6 +40,8 @@ from tracon_jobs.embedded_redis import start_embedded
 AGENT = "bench"
 WARMUP = 50
 COLLECTED = re.compile(r"Collected : (\d+)")
+MIN_PER_STEP = 100_000
+"""Fewer instructions than this a run or a POST: the measured loop was not counted."""
 
 
 def config(workdir: Path) -> Path:
@@ -114,7 +116,10 @@ def under_callgrind(part: str, count: int, workdir: Path, redis_url: str) -> int
     found = COLLECTED.findall(done.stderr)
     if done.returncode != 0 or not found:
         raise RuntimeError(f"{part} under callgrind failed ({done.returncode}):\n{done.stderr}")
-    return int(found[-1])
+    total = int(found[-1])
+    if total < count * MIN_PER_STEP:  # the switch never came: nothing (or little) was counted
+        raise RuntimeError(f"{part}: callgrind counted {total} instructions; was it switched on?")
+    return total
 
 
 def measure_in_this_process(part: str, count: int) -> None:
