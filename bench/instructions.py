@@ -34,26 +34,16 @@ from typing import Any
 
 import redis
 
+from bench.b1_throughput import AGENT, tracon_env, write_config
 from bench.harness import ROOT
 from tracon_jobs.embedded_redis import start_embedded
 
-AGENT = "bench"
+WORKER_CONCURRENCY = 16
+"""B1's default: it sizes the pools, as in the worker B1 measures."""
 WARMUP = 50
 COLLECTED = re.compile(r"Collected : (\d+)")
 MIN_PER_STEP = 100_000
 """Fewer instructions than this a run or a POST: the measured loop was not counted."""
-
-
-def config(workdir: Path) -> Path:
-    path = workdir / "tracon.json"
-    agent = {"Instructions": "b", "Model": {"Provider": "scripted", "Model": "m"}, "Tools": []}
-    settings = {
-        "Providers": {"scripted": {"Kind": "scripted", "Script": [{"Text": "ok"}]}},
-        "Agents": {AGENT: agent},
-        "Pricing": {"Models": {"m": {"InputPerMillion": 1, "OutputPerMillion": 2}}},
-    }
-    path.write_text(json.dumps({"Tracon": settings}))
-    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,13 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def under_callgrind(part: str, count: int, workdir: Path, redis_url: str) -> int:
     """Instructions the measured loop of `part` executed (valgrind's "Collected")."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        TRACON_CONFIG=str(config(workdir)),
-        TRACON_DATABASE_URL=f"sqlite:///{workdir / part}.db",
-        TRACON_REDIS_URL=redis_url,
-    )
+    config = write_config(workdir, WORKER_CONCURRENCY)  # B1's agent
+    env = tracon_env(config, f"sqlite:///{workdir / part}.db", redis_url)
     flag = "--runs" if part == "executor" else "--posts"
     argv = [
         "valgrind",
