@@ -1,9 +1,10 @@
-"""A scriptable OpenAI-compatible HTTP server for tests, on 127.0.0.1 and an ephemeral port.
+"""A scriptable model server for tests, on 127.0.0.1 and an ephemeral port: OpenAI's chat
+completions (`base_url`) and Anthropic's Messages API (`root_url`) both.
 
 It speaks real HTTP so that the provider code under test runs its real client, timeouts and
-connection handling. Each `POST /v1/chat/completions` consumes one queued behaviour (a reply,
-a tool call, an error, a hang, a dropped connection); when the queue is empty the default
-behaviour answers.
+connection handling. Each `POST /v1/chat/completions` or `POST /v1/messages` consumes one
+queued behaviour (a reply, a tool call, an error, a hang, a dropped connection), answered in
+that API's shape; when the queue is empty the default behaviour answers.
 
     with StubProvider() as stub:
         stub.enqueue(error(503), reply("hello"))
@@ -51,7 +52,35 @@ class Reply:
     model: str | None = None
 
     def respond(self, exchange: Exchange) -> None:
-        exchange.send_json(200, self.completion(exchange.body))
+        if exchange.api == "anthropic":
+            exchange.send_json(200, self.message(exchange.body))
+        else:
+            exchange.send_json(200, self.completion(exchange.body))
+
+    def message(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A Messages API `message` as Anthropic returns it."""
+        content: list[dict[str, Any]] = []
+        if self.text is not None:
+            content.append({"type": "text", "text": self.text})
+        content.extend(
+            {
+                "type": "tool_use",
+                "id": call.call_id or f"toolu_stub_{next(_ids)}",
+                "name": call.name,
+                "input": call.arguments,
+            }
+            for call in self.tool_calls
+        )
+        return {
+            "id": f"msg_stub_{next(_ids)}",
+            "type": "message",
+            "role": "assistant",
+            "model": self.model or body.get("model", "stub-model"),
+            "content": content,
+            "stop_reason": "tool_use" if self.tool_calls else "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens},
+        }
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         """A `chat.completion` object as OpenAI returns it."""
@@ -89,6 +118,16 @@ class Reply:
         return message
 
 
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
 @dataclass(frozen=True)
 class Error:
     status: int
@@ -97,7 +136,7 @@ class Error:
     error_type: str = "server_error"
 
     def respond(self, exchange: Exchange) -> None:
-        body = {
+        body: dict[str, Any] = {
             "error": {
                 "message": self.message,
                 "type": self.error_type,
@@ -105,6 +144,9 @@ class Error:
                 "code": None,
             }
         }
+        if exchange.api == "anthropic":
+            kind = ANTHROPIC_ERROR_TYPES.get(self.status, "api_error")
+            body = {"type": "error", "error": {"type": kind, "message": self.message}}
         headers = {"Retry-After": self.retry_after} if self.retry_after is not None else {}
         exchange.send_json(self.status, body, headers)
 
@@ -196,10 +238,17 @@ def _header_value(value: float | str) -> str:
 class Exchange:
     """One request as a behaviour sees it: the JSON body and ways to answer."""
 
-    def __init__(self, handler: _Handler, body: dict[str, Any], stopping: threading.Event):
+    def __init__(
+        self,
+        handler: _Handler,
+        body: dict[str, Any],
+        stopping: threading.Event,
+        api: str = "openai",
+    ):
         self._handler = handler
         self.body = body
         self.stopping = stopping
+        self.api = api  # "openai" or "anthropic": the shape of the answer
 
     def send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
@@ -246,6 +295,12 @@ class StubProvider:
     def base_url(self) -> str:
         host, port = self._running_server().server_address[:2]
         return f"http://{host!s}:{port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The server's root, as Anthropic's client takes it (it adds `/v1/messages`)."""
+        host, port = self._running_server().server_address[:2]
+        return f"http://{host!s}:{port}"
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -300,10 +355,10 @@ class StubProvider:
     ) -> None:
         self.stop()
 
-    def handle(self, handler: _Handler, body: dict[str, Any]) -> None:
+    def handle(self, handler: _Handler, body: dict[str, Any], api: str) -> None:
         behaviour = self._begin(body, dict(handler.headers.items()))
         try:
-            behaviour.respond(Exchange(handler, body, self._stopping))
+            behaviour.respond(Exchange(handler, body, self._stopping, api))
         except OSError:
             pass  # the client went away (an aborted call): nothing left to answer
         finally:
@@ -335,10 +390,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self._read_json()
-        if self.path.rstrip("/") != "/v1/chat/completions":
+        api = _APIS.get(self.path.rstrip("/"))
+        if api is None:
             Error(404, message=f"no route {self.path}").respond(Exchange(self, body, _NEVER))
             return
-        self.server.stub.handle(self, body)
+        self.server.stub.handle(self, body, api)
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") == "/v1/models":
@@ -361,3 +417,4 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 _NEVER = threading.Event()
+_APIS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}

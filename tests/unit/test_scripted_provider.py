@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tracon_jobs.abort import AbortSignal
-from tracon_jobs.errors import ConfigurationError, ProviderError
+from tracon_jobs.errors import ProviderError
+from tracon_jobs.providers.anthropic import AnthropicProvider
 from tracon_jobs.providers.base import Message, ModelRequest
 from tracon_jobs.providers.registry import ProviderRegistry, build_provider
 from tracon_jobs.providers.scripted import ScriptedProvider, ScriptStep, ScriptToolCall
@@ -222,9 +223,8 @@ def test_registry_names_an_unknown_provider() -> None:
     assert "missing" in str(raised.value)
 
 
-def test_anthropic_is_refused_naming_the_setting() -> None:
-    with pytest.raises(ConfigurationError) as raised:
-        build_provider("claude", SettingsProvider("anthropic"))
+def test_anthropic_builds_a_messages_api_client() -> None:
+    provider = build_provider("claude", SettingsProvider("anthropic", api_key="k"))
 
-    assert raised.value.setting == "Providers.claude.Kind"
-    assert "OpenAI-compatible" in raised.value.rule
+    assert isinstance(provider, AnthropicProvider)
+    assert provider.name == "claude"

@@ -313,6 +313,17 @@ INVALID: list[tuple[dict[str, Any], str, str]] = [
     ),
     ({**PROVIDER, "Agents": {"a": {"Instructions": "hi"}}}, "Agents.a.Model", "is required"),
     (
+        {
+            **with_agent(
+                ResponseFormat={"type": "json_object"},
+                Fallbacks=[{"Provider": "c", "Model": "claude"}],
+            ),
+            "Providers": {"p": PROVIDER["Providers"]["p"], "c": {"Kind": "anthropic"}},
+        },
+        "Agents.a.Model.ResponseFormat",
+        "json_schema or text (got type 'json_object'); the agent's Model.Fallbacks[0].Provider",
+    ),
+    (
         {"CircuitBreaker": {"FailureThreshold": "many"}},
         "CircuitBreaker.FailureThreshold",
         "whole number",

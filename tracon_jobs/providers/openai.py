@@ -20,102 +20,48 @@ of one process share one GIL, so that CPU delays every other run's call.
 
 from __future__ import annotations
 
-import email.utils
 import json
-import os
-import threading
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import openai
 from openai import OpenAI
 
-from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ContentBlockedError, ProviderError
-from tracon_jobs.providers.abortable_http import abortable, make_abortable
+from tracon_jobs.providers.abortable_http import make_abortable
 from tracon_jobs.providers.base import ModelRequest, ModelResponse, ToolCall, Usage
-
-# Local servers (vLLM, Ollama) ignore the key, but the SDK refuses to start without one.
-PLACEHOLDER_API_KEY = "not-needed"
-
-_client_lock = threading.Lock()
-
-
-def _new_lock_after_fork() -> None:
-    """A lock held by another thread at the fork stays held in the child: replace it."""
-    global _client_lock
-    _client_lock = threading.Lock()
+from tracon_jobs.providers.sdk import SdkProvider
+from tracon_jobs.providers.wire import (
+    count,
+    describe,
+    json_object,
+    malformed,
+    parse_retry_after,
+    text,
+)
 
 
-os.register_at_fork(after_in_child=_new_lock_after_fork)
-
-
-class OpenAIProvider:
+class OpenAIProvider(SdkProvider):
     """One OpenAI-compatible endpoint, shared by every thread of the process."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        base_url: str | None,
-        api_key: str | None,
-        timeout_seconds: float,
-    ) -> None:
-        self.name = name
-        self._base_url = base_url or None
-        self._api_key = api_key or PLACEHOLDER_API_KEY
-        self._timeout_seconds = timeout_seconds
-        self._client: OpenAI | None = None
-        self._client_pid: int | None = None
+    path = "/chat/completions"
+    sdk_error = openai.OpenAIError
 
-    def complete(self, request: ModelRequest, signal: AbortSignal) -> ModelResponse:
-        """One chat completion; `ProviderError(kind="cancelled")` when `signal` fired first."""
-        if signal.aborted:
-            raise self._cancelled(signal)
-        client = self._client_here()
-        try:
-            with abortable(signal):
-                body = client.post(
-                    "/chat/completions", body=completion_arguments(request), cast_to=bytes
-                )
-        except openai.OpenAIError as exc:
-            if signal.aborted:
-                raise self._cancelled(signal) from None
-            raise map_openai_error(self.name, exc) from exc
-        return self._to_response(body, request)
-
-    def close(self) -> None:
-        """Close this process's client and its connections (a forked child's are its parent's)."""
-        client, self._client = self._client, None
-        if client is not None and self._client_pid == os.getpid():
-            client.close()
-
-    def _client_here(self) -> OpenAI:
-        """The client of this process, built on first use; a forked child builds its own,
-        because the connections in its copy of the pool belong to its parent."""
-        client = self._client
-        if client is not None and self._client_pid == os.getpid():
-            return client
-        with _client_lock:
-            client = self._client
-            if client is None or self._client_pid != os.getpid():
-                client = OpenAI(
-                    api_key=self._api_key,
-                    base_url=self._base_url,
-                    timeout=self._timeout_seconds,
-                    max_retries=0,
-                    http_client=make_abortable(openai.DefaultHttpxClient()),
-                )
-                self._client, self._client_pid = client, os.getpid()
-            return client
-
-    def _cancelled(self, signal: AbortSignal) -> ProviderError:
-        return ProviderError(
-            f"Call to provider '{self.name}' cancelled ({signal.reason or 'cancelled'})",
-            provider=self.name,
-            kind="cancelled",
+    def _new_client(self) -> OpenAI:
+        return OpenAI(
+            api_key=self._api_key,
+            base_url=self._base_url,
+            timeout=self._timeout_seconds,
+            max_retries=0,
+            http_client=make_abortable(openai.DefaultHttpxClient()),
         )
+
+    def _arguments(self, request: ModelRequest) -> dict[str, Any]:
+        return completion_arguments(request)
+
+    def _map_error(self, exc: Exception) -> ProviderError:
+        assert isinstance(exc, openai.OpenAIError)
+        return map_openai_error(self.name, exc)
 
     def _to_response(self, body: bytes, request: ModelRequest) -> ModelResponse:
         """The chat completion's first choice; a body that is not one is the provider's fault
@@ -125,33 +71,28 @@ class OpenAIProvider:
         except ValueError:
             completion = None
         if not isinstance(completion, dict):
-            raise self._malformed("an answer that is not a JSON chat completion")
+            raise malformed(self.name, "an answer that is not a JSON chat completion")
         choices = completion.get("choices")
         if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-            raise self._malformed("a completion without choices")
+            raise malformed(self.name, "a completion without choices")
         choice = choices[0]
         finish_reason = choice.get("finish_reason")
         if finish_reason == "content_filter":
             raise ContentBlockedError(
                 f"Provider '{self.name}' blocked the answer (content filter)", provider=self.name
             )
-        message = _object(choice.get("message"))
+        message = json_object(choice.get("message"))
         try:
             tool_calls = [_tool_call(call) for call in message.get("tool_calls") or []]
         except (AttributeError, KeyError, TypeError):
-            raise self._malformed("a tool call without its id, name or arguments") from None
+            raise malformed(self.name, "a tool call without its id, name or arguments") from None
         content = message.get("content")
         return ModelResponse(
-            model=_text(completion.get("model")) or request.model,
-            text=None if content is None else _text(content),
+            model=text(completion.get("model")) or request.model,
+            text=None if content is None else text(content),
             tool_calls=tool_calls,
             usage=_usage(completion.get("usage")),
-            finish_reason=_text(finish_reason) or "stop",
-        )
-
-    def _malformed(self, what: str) -> ProviderError:
-        return ProviderError(
-            f"Provider '{self.name}' returned {what}", provider=self.name, kind="connection"
+            finish_reason=text(finish_reason) or "stop",
         )
 
 
@@ -195,7 +136,7 @@ def map_openai_error(provider: str, exc: openai.OpenAIError) -> ProviderError:
             f"Provider '{provider}' timed out: {exc}", provider=provider, kind="timeout"
         )
     return ProviderError(
-        f"Provider '{provider}' could not be reached: {_describe(exc)}",
+        f"Provider '{provider}' could not be reached: {describe(exc)}",
         provider=provider,
         kind="connection",
     )
@@ -204,40 +145,6 @@ def map_openai_error(provider: str, exc: openai.OpenAIError) -> ProviderError:
 def _is_content_filter(exc: openai.APIStatusError) -> bool:
     """Azure-style refusals: a 400 whose error code is `content_filter`."""
     return exc.status_code == 400 and getattr(exc, "code", None) == "content_filter"
-
-
-def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
-    """Seconds to wait from `retry-after-ms`, or `Retry-After` as seconds or an HTTP date."""
-    lowered = {key.lower(): value for key, value in headers.items()}
-    milliseconds = _float_or_none(lowered.get("retry-after-ms"))
-    if milliseconds is not None:
-        return max(milliseconds / 1000.0, 0.0)
-    value = lowered.get("retry-after")
-    if value is None:
-        return None
-    seconds = _float_or_none(value)
-    if seconds is not None:
-        return max(seconds, 0.0)
-    return _seconds_until_http_date(value, now or datetime.now(UTC))
-
-
-def _seconds_until_http_date(value: str, now: datetime) -> float | None:
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max((when - now).total_seconds(), 0.0)
-
-
-def _float_or_none(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
 
 
 def _body_message(exc: openai.APIStatusError) -> str:
@@ -252,44 +159,22 @@ def _body_message(exc: openai.APIStatusError) -> str:
     return exc.message
 
 
-def _describe(exc: BaseException) -> str:
-    """The SDK's message plus its cause, which says what actually went wrong on the wire."""
-    cause = exc.__cause__
-    if cause is None or str(cause) in str(exc):
-        return str(exc)
-    return f"{exc} ({type(cause).__name__}: {cause})"
-
-
 def _tool_call(call: dict[str, Any]) -> ToolCall:
     """A `function` tool call (`custom` ones carry `input` instead of `arguments`)."""
     if call.get("type") == "custom":
         custom = call["custom"]
         return ToolCall(
-            id=str(call["id"]), name=str(custom["name"]), arguments=_text(custom["input"])
+            id=str(call["id"]), name=str(custom["name"]), arguments=text(custom["input"])
         )
     function = call["function"]
     return ToolCall(
-        id=str(call["id"]), name=str(function["name"]), arguments=_text(function["arguments"])
+        id=str(call["id"]), name=str(function["name"]), arguments=text(function["arguments"])
     )
 
 
 def _usage(usage: Any) -> Usage:
-    usage = _object(usage)
+    usage = json_object(usage)
     return Usage(
-        input_tokens=_count(usage.get("prompt_tokens")),
-        output_tokens=_count(usage.get("completion_tokens")),
+        input_tokens=count(usage.get("prompt_tokens")),
+        output_tokens=count(usage.get("completion_tokens")),
     )
-
-
-def _object(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _text(value: Any) -> str:
-    if value is None or isinstance(value, str):
-        return value or ""
-    return json.dumps(value)  # a server that sent structured content: kept, as JSON
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and value > 0 else 0

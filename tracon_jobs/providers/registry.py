@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from tracon_jobs.errors import ConfigurationError, ProviderError
+from tracon_jobs.providers.anthropic import AnthropicProvider
 from tracon_jobs.providers.base import Provider
 from tracon_jobs.providers.openai import OpenAIProvider
 from tracon_jobs.providers.scripted import ScriptedProvider, ScriptStepLike
@@ -53,9 +54,11 @@ def build_provider(
     if kind == "scripted":
         return ScriptedProvider.from_settings(name, settings.script or [])
     if kind == "anthropic":
-        raise ConfigurationError(
-            f"Providers.{name}.Kind",
-            "anthropic is not supported yet; use an OpenAI-compatible endpoint",
+        return AnthropicProvider(
+            name,
+            base_url=settings.base_url,
+            api_key=settings.resolved_api_key(environ),
+            timeout_seconds=settings.timeout_seconds,
         )
     raise ConfigurationError(
         f"Providers.{name}.Kind", f"must be openai, anthropic or scripted, not '{kind}'"

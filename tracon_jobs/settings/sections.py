@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic.alias_generators import to_pascal
 
+from tracon_jobs.providers.formats import anthropic_response_format_rule
 from tracon_jobs.settings import defaults
 from tracon_jobs.settings.errors import configuration_error
 from tracon_jobs.settings.keys import normalize_key
@@ -393,10 +394,14 @@ class ProviderSettings(ConfigModel):
     """One named provider client; agents bind to it by name."""
 
     kind: Literal["openai", "anthropic", "scripted"] = Field(
-        description="The client: `openai` and `scripted` work; `anthropic` is accepted, but a run "
-        "bound to it fails."
+        description="The client: `openai` for an OpenAI-compatible chat completions endpoint, "
+        "`anthropic` for Anthropic's Messages API, `scripted` for scripted answers (tests, demo)."
     )
-    base_url: str | None = Field(None, description="OpenAI-compatible base URL; null is OpenAI's.")
+    base_url: str | None = Field(
+        None,
+        description="`openai`: the OpenAI-compatible base URL, up to `/v1` (null is OpenAI's); "
+        "`anthropic`: the API's root, without `/v1` (null is Anthropic's).",
+    )
     api_key: SecretStr | None = Field(
         None, description="The key itself; masked in messages and in dumps."
     )
@@ -573,6 +578,15 @@ class Settings(ConfigModel):
                     raise broken_rule(
                         f"must name a configured provider (got {provider!r}; configured: {known})",
                         setting=f"Agents.{agent_name}.Model.{setting}",
+                    )
+            for setting, provider in agent.model.provider_links():
+                kind = self.providers[provider].kind
+                rule = anthropic_response_format_rule(agent.model.response_format)
+                if kind == "anthropic" and rule is not None:
+                    raise broken_rule(
+                        f"{rule}; the agent's Model.{setting} is {provider!r}, an anthropic "
+                        "provider",
+                        setting=f"Agents.{agent_name}.Model.ResponseFormat",
                     )
             for index, gated in enumerate(agent.require_approval):
                 if gated not in agent.tools:

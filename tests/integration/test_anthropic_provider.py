@@ -1,0 +1,411 @@
+"""AnthropicProvider over real HTTP against the stub's Messages API: the translation each way,
+errors, timeouts and aborts; and runs through the executor on it, alone and in a fallback
+chain with an OpenAI-compatible link."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing.queues import Queue
+from typing import Any
+
+import pytest
+
+from tests import tools
+from tests.helpers import MakeRuntime, scripted_agent
+from tests.stub_provider import (
+    Raw,
+    Reply,
+    StubProvider,
+    StubToolCall,
+    drop,
+    error,
+    hang,
+    reply,
+    tool_call,
+)
+from tracon_jobs.abort import AbortSignal
+from tracon_jobs.errors import ContentBlockedError, ProviderError
+from tracon_jobs.providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
+from tracon_jobs.providers.base import ModelRequest
+from tracon_jobs.runs.store import NewRun
+
+pytestmark = pytest.mark.timeout(20)
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.fixture
+def stub() -> Iterator[StubProvider]:
+    with StubProvider() as server:
+        yield server
+
+
+@pytest.fixture
+def provider(stub: StubProvider) -> Iterator[AnthropicProvider]:
+    provider = AnthropicProvider(
+        "claude", base_url=stub.root_url, api_key="sk-ant-test", timeout_seconds=5
+    )
+    yield provider
+    provider.close()
+
+
+def request(**options: Any) -> ModelRequest:
+    options.setdefault("messages", [{"role": "user", "content": "hello"}])
+    return ModelRequest(model="claude-test", **options)
+
+
+def failure(provider: AnthropicProvider, signal: AbortSignal | None = None) -> ProviderError:
+    with pytest.raises(ProviderError) as raised:
+        provider.complete(request(), signal or AbortSignal())
+    return raised.value
+
+
+def test_a_text_reply_with_its_usage(stub: StubProvider, provider: AnthropicProvider) -> None:
+    stub.enqueue(reply("hi there", input_tokens=12, output_tokens=3, model="claude-test-1"))
+
+    response = provider.complete(request(), AbortSignal())
+
+    assert response.text == "hi there"
+    assert response.model == "claude-test-1"
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (12, 3)
+    assert (response.finish_reason, response.tool_calls) == ("stop", [])
+    headers = {key.lower(): value for key, value in stub.request_headers[0].items()}
+    sent_key = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
+    assert sent_key == "sk-ant-test"  # the SDK's header of the day: x-api-key or a bearer
+    assert headers["anthropic-version"]
+
+
+def test_tool_use_blocks_are_tool_calls(stub: StubProvider, provider: AnthropicProvider) -> None:
+    stub.enqueue(tool_call("weather", {"city": "Oslo"}, call_id="toolu_1", text="Let me look."))
+
+    response = provider.complete(request(tools=[WEATHER_TOOL]), AbortSignal())
+
+    assert response.finish_reason == "tool_calls"
+    assert response.text == "Let me look."
+    [call] = response.tool_calls
+    assert (call.id, call.name, call.arguments) == ("toolu_1", "weather", '{"city": "Oslo"}')
+    assert response.as_message()["tool_calls"][0]["function"]["name"] == "weather"
+
+
+def test_a_conversation_is_sent_in_the_messages_shape(
+    stub: StubProvider, provider: AnthropicProvider
+) -> None:
+    # Given a run's conversation in the OpenAI chat shape: instructions, a question, a turn of
+    # two tool calls and their results
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Weather in Oslo and Bergen?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "t1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+                },
+                {
+                    "id": "t2",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": "not json"},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "3 C"},
+        {"role": "tool", "tool_call_id": "t2", "content": "5 C"},
+    ]
+
+    provider.complete(
+        request(messages=messages, tools=[WEATHER_TOOL], temperature=0.2, top_p=0.9),
+        AbortSignal(),
+    )
+
+    [body] = stub.requests
+    assert body["system"] == "You are terse."
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo and Bergen?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Oslo"}},
+                {
+                    "type": "tool_use",
+                    "id": "t2",
+                    "name": "weather",
+                    "input": {"arguments": "not json"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "3 C"},
+                {"type": "tool_result", "tool_use_id": "t2", "content": "5 C"},
+            ],
+        },
+    ]
+    assert body["tools"] == [
+        {
+            "name": "weather",
+            "description": "Current weather in a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+    ]
+    assert (body["temperature"], body["top_p"]) == (0.2, 0.9)
+    assert body["max_tokens"] == DEFAULT_MAX_TOKENS
+
+
+def test_options_are_sent_as_the_messages_api_names_them(
+    stub: StubProvider, provider: AnthropicProvider
+) -> None:
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+
+    provider.complete(
+        request(max_output_tokens=300, response_format=response_format), AbortSignal()
+    )
+
+    [body] = stub.requests
+    assert body["max_tokens"] == 300
+    assert body["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
+    for option in ("system", "tools", "temperature", "top_p"):
+        assert option not in body
+
+
+def test_a_format_the_api_cannot_honour_sends_nothing(
+    stub: StubProvider, provider: AnthropicProvider
+) -> None:
+    with pytest.raises(ProviderError) as raised:
+        provider.complete(request(response_format={"type": "json_object"}), AbortSignal())
+
+    assert raised.value.kind == "configuration"
+    assert "json_schema or text" in str(raised.value)
+    assert stub.requests == []
+
+
+def test_an_image_part_is_an_image_block(stub: StubProvider, provider: AnthropicProvider) -> None:
+    content = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}},
+    ]
+
+    provider.complete(request(messages=[{"role": "user", "content": content}]), AbortSignal())
+
+    [turn] = stub.requests[0]["messages"]
+    assert turn["content"] == [
+        {"type": "text", "text": "What is this?"},
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+        },
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
+    ]
+
+
+def test_cached_input_counts_as_input(stub: StubProvider, provider: AnthropicProvider) -> None:
+    body = (
+        b'{"type": "message", "model": "claude-test", "content": [{"type": "text", "text": "ok"}],'
+        b' "stop_reason": "max_tokens", "usage": {"input_tokens": 5, "output_tokens": 7,'
+        b' "cache_creation_input_tokens": 20, "cache_read_input_tokens": 100}}'
+    )
+    stub.enqueue(Raw(body))
+
+    response = provider.complete(request(), AbortSignal())
+
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (125, 7)
+    assert response.finish_reason == "length"
+
+
+def test_a_refusal_is_a_blocked_answer(stub: StubProvider, provider: AnthropicProvider) -> None:
+    stub.enqueue(Raw(b'{"type": "message", "content": [], "stop_reason": "refusal"}'))
+
+    with pytest.raises(ContentBlockedError):
+        provider.complete(request(), AbortSignal())
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"<html>bad gateway</html>", "not a JSON message"),
+        (b'{"type": "message"}', "not a JSON message"),
+        (b'{"content": [{"type": "tool_use", "input": {}}]}', "a tool use without its id or name"),
+    ],
+)
+def test_an_answer_that_is_no_message_is_a_connection_error(
+    stub: StubProvider, provider: AnthropicProvider, body: bytes, says: str
+) -> None:
+    stub.enqueue(Raw(body))
+
+    raised = failure(provider)
+
+    assert raised.kind == "connection"
+    assert says in str(raised)
+
+
+def test_overloaded_is_a_5xx_sent_exactly_once(
+    stub: StubProvider, provider: AnthropicProvider
+) -> None:
+    stub.enqueue(error(529, message="Overloaded"))
+
+    raised = failure(provider)
+
+    assert (raised.status, raised.kind, raised.provider) == (529, "http", "claude")
+    assert str(raised) == "HTTP 529 from provider 'claude': Overloaded"
+    assert len(stub.requests) == 1  # max_retries=0: the SDK did not retry on its own
+
+
+def test_429_carries_retry_after(stub: StubProvider, provider: AnthropicProvider) -> None:
+    stub.enqueue(error(429, retry_after=7, message="rate limited"))
+
+    raised = failure(provider)
+
+    assert (raised.status, raised.retry_after) == (429, 7)
+    assert "rate limited" in str(raised)
+
+
+def test_a_dropped_connection_and_a_hang_are_connection_and_timeout(
+    stub: StubProvider,
+) -> None:
+    provider = AnthropicProvider(
+        "claude", base_url=stub.root_url, api_key=None, timeout_seconds=0.5
+    )
+    stub.enqueue(drop(), hang(10))
+
+    assert failure(provider).kind == "connection"
+    started = time.monotonic()
+    assert failure(provider).kind == "timeout"
+    assert time.monotonic() - started < 5
+    provider.close()
+
+
+def test_an_abort_ends_a_blocked_call_promptly(
+    stub: StubProvider, provider: AnthropicProvider
+) -> None:
+    stub.enqueue(hang(30))
+    signal = AbortSignal()
+    threading.Timer(0.3, signal.abort, args=("cancelled",)).start()
+    started = time.monotonic()
+
+    raised = failure(provider, signal)
+
+    assert raised.kind == "cancelled"
+    assert time.monotonic() - started < 1.5
+    deadline = time.monotonic() + 2
+    while stub.in_progress and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stub.in_progress == 0, "the request was closed on the wire"
+
+
+def _complete_in_child(provider: AnthropicProvider, results: Queue[str | None]) -> None:
+    results.put(provider.complete(request(), AbortSignal()).text)
+
+
+def test_a_forked_child_gets_its_own_client(
+    stub: StubProvider, provider: AnthropicProvider
+) -> None:
+    stub.default = reply("from somewhere")
+    provider.complete(request(), AbortSignal())
+    context = multiprocessing.get_context("fork")
+    results: Queue[str | None] = context.Queue()
+
+    child = context.Process(target=_complete_in_child, args=(provider, results))
+    child.start()
+    child.join(timeout=10)
+    if child.is_alive():
+        child.kill()
+        child.join()
+
+    assert child.exitcode == 0
+    assert results.get(timeout=1) == "from somewhere"
+    assert len(stub.requests) == 2
+
+
+# -- runs through the executor ------------------------------------------------------------
+
+
+def _agent(primary: dict[str, Any], backup: dict[str, Any] | None = None) -> dict[str, Any]:
+    config = scripted_agent([], ["charge_card", "lookup_order"])
+    config["Providers"] = {"a": primary}
+    model: dict[str, Any] = {"provider": "a", "model": "claude-a"}
+    if backup is not None:
+        config["Providers"]["b"] = backup
+        model["fallbacks"] = [{"provider": "b", "model": "gpt-b"}]
+    config["Agents"]["demo"]["Model"] = model
+    config["Pricing"] = {
+        "Models": {
+            "claude-a": {"InputPerMillion": 3, "OutputPerMillion": 15},
+            "gpt-b": {"InputPerMillion": 10, "OutputPerMillion": 20},
+        }
+    }
+    return config
+
+
+def test_a_run_calls_a_tool_and_answers_through_the_messages_api(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    anthropic = {"Kind": "anthropic", "BaseUrl": stub_provider.root_url, "ApiKey": "sk-ant-x"}
+    runtime = make_runtime(sql_url, **_agent(anthropic))
+    stub_provider.enqueue(
+        tool_call("lookup_order", {"order_id": "A-1"}, call_id="toolu_9"),
+        reply("It shipped.", input_tokens=1000, output_tokens=100),
+    )
+    tenant = runtime.tenants.ensure_tenant("acme")
+    run_id = runtime.runs.create(NewRun(tenant, "demo", {"message": "Where is A-1?"})).id
+
+    runtime.executor.execute(run_id)
+
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    assert run.status == "Completed" and run.output == {"text": "It shipped."}
+    events = [event.type for event in runtime.runs.events(run_id)]
+    assert events.count("ToolCallCompleted") == 1 and events[-1] == "RunCompleted"
+    first, second = stub_provider.requests
+    assert first["tools"][0]["name"] in ("charge_card", "lookup_order")
+    assert second["messages"][-2]["content"][-1]["type"] == "tool_use"
+    result = second["messages"][-1]["content"][-1]
+    assert (result["type"], result["tool_use_id"]) == ("tool_result", "toolu_9")
+    assert (run.input_tokens, run.output_tokens) == (10 + 1000, 5 + 100)
+    assert float(run.cost_amount) == pytest.approx((1010 * 3 + 105 * 15) / 1_000_000)
+    assert run.model_id == "claude-a"
+
+
+def test_an_overloaded_anthropic_link_falls_back_and_a_charge_runs_once(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    with StubProvider() as backup:
+        anthropic = {"Kind": "anthropic", "BaseUrl": stub_provider.root_url, "ApiKey": "k"}
+        runtime = make_runtime(
+            sql_url, **_agent(anthropic, {"Kind": "openai", "BaseUrl": backup.base_url})
+        )
+        charge = Reply(None, tool_calls=(StubToolCall("charge_card", {"amount_cents": 700}),))
+        before = len(tools.charges)
+        # Given the Anthropic link asks for a charge, then is overloaded
+        stub_provider.enqueue(charge, error(529, message="Overloaded"))
+        # And the OpenAI-compatible fallback asks for the very same charge, then answers
+        backup.enqueue(charge, reply("charged once"))
+        tenant = runtime.tenants.ensure_tenant("acme")
+        run_id = runtime.runs.create(NewRun(tenant, "demo", {"message": "go"})).id
+
+        runtime.executor.execute(run_id)
+
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    assert run.status == "Completed" and run.output == {"text": "charged once"}
+    assert len(tools.charges) - before == 1, "the charge ran exactly once"
+    events = [event.type for event in runtime.runs.events(run_id)]
+    assert "ToolCallAnsweredFromLedger" in events and "ModelFallbackUsed" in events
+    assert [(a["provider"], a["outcome"], a.get("status")) for a in run.model_attempts or []] == [
+        ("a", "failed", 529),
+        ("b", "succeeded", None),
+    ]
