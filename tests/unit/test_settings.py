@@ -324,6 +324,14 @@ INVALID: list[tuple[dict[str, Any], str, str]] = [
         "json_schema or text (got type 'json_object'); the agent's Model.Fallbacks[0].Provider",
     ),
     (
+        {
+            **with_agent(Provider="c", Temperature=1.5),
+            "Providers": {"c": {"Kind": "anthropic"}},
+        },
+        "Agents.a.Model.Temperature",
+        "between 0 and 1 (got 1.5); the agent's Model.Provider is 'c', an anthropic provider",
+    ),
+    (
         {"CircuitBreaker": {"FailureThreshold": "many"}},
         "CircuitBreaker.FailureThreshold",
         "whole number",

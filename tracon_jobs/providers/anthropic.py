@@ -30,7 +30,7 @@ from anthropic import Anthropic
 from tracon_jobs.errors import ContentBlockedError, ProviderError
 from tracon_jobs.providers.abortable_http import make_abortable
 from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
-from tracon_jobs.providers.formats import anthropic_response_format_rule
+from tracon_jobs.providers.capabilities import anthropic_response_format_rule
 from tracon_jobs.providers.sdk import SdkProvider
 from tracon_jobs.providers.wire import (
     count,

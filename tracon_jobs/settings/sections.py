@@ -21,7 +21,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic.alias_generators import to_pascal
 
-from tracon_jobs.providers.formats import anthropic_response_format_rule
+from tracon_jobs.providers.capabilities import (
+    anthropic_response_format_rule,
+    anthropic_temperature_rule,
+)
 from tracon_jobs.settings import defaults
 from tracon_jobs.settings.errors import configuration_error
 from tracon_jobs.settings.keys import normalize_key
@@ -579,15 +582,21 @@ class Settings(ConfigModel):
                         f"must name a configured provider (got {provider!r}; configured: {known})",
                         setting=f"Agents.{agent_name}.Model.{setting}",
                     )
-            for setting, provider in agent.model.provider_links():
-                kind = self.providers[provider].kind
-                rule = anthropic_response_format_rule(agent.model.response_format)
-                if kind == "anthropic" and rule is not None:
-                    raise broken_rule(
-                        f"{rule}; the agent's Model.{setting} is {provider!r}, an anthropic "
-                        "provider",
-                        setting=f"Agents.{agent_name}.Model.ResponseFormat",
-                    )
+            model = agent.model
+            anthropic_rules = {
+                "ResponseFormat": anthropic_response_format_rule(model.response_format),
+                "Temperature": anthropic_temperature_rule(model.temperature),
+            }
+            for setting, provider in model.provider_links():
+                if self.providers[provider].kind != "anthropic":
+                    continue
+                for option, rule in anthropic_rules.items():
+                    if rule is not None:
+                        raise broken_rule(
+                            f"{rule}; the agent's Model.{setting} is {provider!r}, an "
+                            "anthropic provider",
+                            setting=f"Agents.{agent_name}.Model.{option}",
+                        )
             for index, gated in enumerate(agent.require_approval):
                 if gated not in agent.tools:
                     raise broken_rule(

@@ -1,6 +1,6 @@
-"""Which response formats a provider kind can honour: checked by the settings at startup
-(an agent bound to a provider that cannot honour its format is refused there) and by the
-provider itself. No SDK is imported here."""
+"""What a provider kind can honour of a model binding: checked by the settings at startup (an
+agent bound to a provider that cannot honour its options is refused there, naming the setting)
+and by the provider itself. No SDK is imported here."""
 
 from __future__ import annotations
 
@@ -26,3 +26,16 @@ def anthropic_response_format_rule(response_format: dict[str, Any] | None) -> st
 def _schema_of(response_format: dict[str, Any]) -> Any:
     json_schema = response_format.get("json_schema")
     return json_schema.get("schema") if isinstance(json_schema, dict) else None
+
+
+ANTHROPIC_MAX_TEMPERATURE = 1.0
+"""The Messages API takes a temperature from 0 to 1 (OpenAI's chat completions: 0 to 2)."""
+
+
+def anthropic_temperature_rule(temperature: float | None) -> str | None:
+    if temperature is not None and temperature > ANTHROPIC_MAX_TEMPERATURE:
+        return (
+            f"an anthropic provider takes a temperature between 0 and "
+            f"{ANTHROPIC_MAX_TEMPERATURE:g} (got {temperature:g})"
+        )
+    return None
