@@ -1,14 +1,11 @@
-"""AnthropicProvider over real HTTP against the stub's Messages API: the translation each way,
-errors, timeouts and aborts; and runs through the executor on it, alone and in a fallback
-chain with an OpenAI-compatible link."""
+"""AnthropicProvider over real HTTP against the stub's Messages API: the translation each way
+and its own errors; and runs through the executor on it, alone and in a fallback chain with an
+OpenAI-compatible link. What it shares with OpenAIProvider (timeouts, aborts, threads, forks)
+is tested on both in test_provider_transport.py."""
 
 from __future__ import annotations
 
-import multiprocessing
-import threading
-import time
 from collections.abc import Iterator
-from multiprocessing.queues import Queue
 from typing import Any
 
 import pytest
@@ -20,9 +17,7 @@ from tests.stub_provider import (
     Reply,
     StubProvider,
     StubToolCall,
-    drop,
     error,
-    hang,
     reply,
     tool_call,
 )
@@ -263,75 +258,6 @@ def test_overloaded_is_a_5xx_sent_exactly_once(
     assert (raised.status, raised.kind, raised.provider) == (529, "http", "claude")
     assert str(raised) == "HTTP 529 from provider 'claude': Overloaded"
     assert len(stub.requests) == 1  # max_retries=0: the SDK did not retry on its own
-
-
-def test_429_carries_retry_after(stub: StubProvider, provider: AnthropicProvider) -> None:
-    stub.enqueue(error(429, retry_after=7, message="rate limited"))
-
-    raised = failure(provider)
-
-    assert (raised.status, raised.retry_after) == (429, 7)
-    assert "rate limited" in str(raised)
-
-
-def test_a_dropped_connection_and_a_hang_are_connection_and_timeout(
-    stub: StubProvider,
-) -> None:
-    provider = AnthropicProvider(
-        "claude", base_url=stub.root_url, api_key=None, timeout_seconds=0.5
-    )
-    stub.enqueue(drop(), hang(10))
-
-    assert failure(provider).kind == "connection"
-    started = time.monotonic()
-    assert failure(provider).kind == "timeout"
-    assert time.monotonic() - started < 5
-    provider.close()
-
-
-def test_an_abort_ends_a_blocked_call_promptly(
-    stub: StubProvider, provider: AnthropicProvider
-) -> None:
-    stub.enqueue(hang(30))
-    signal = AbortSignal()
-    threading.Timer(0.3, signal.abort, args=("cancelled",)).start()
-    started = time.monotonic()
-
-    raised = failure(provider, signal)
-
-    assert raised.kind == "cancelled"
-    assert time.monotonic() - started < 1.5
-    deadline = time.monotonic() + 2
-    while stub.in_progress and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert stub.in_progress == 0, "the request was closed on the wire"
-
-
-def _complete_in_child(provider: AnthropicProvider, results: Queue[str | None]) -> None:
-    results.put(provider.complete(request(), AbortSignal()).text)
-
-
-def test_a_forked_child_gets_its_own_client(
-    stub: StubProvider, provider: AnthropicProvider
-) -> None:
-    stub.default = reply("from somewhere")
-    provider.complete(request(), AbortSignal())
-    context = multiprocessing.get_context("fork")
-    results: Queue[str | None] = context.Queue()
-
-    child = context.Process(target=_complete_in_child, args=(provider, results))
-    child.start()
-    child.join(timeout=10)
-    if child.is_alive():
-        child.kill()
-        child.join()
-
-    assert child.exitcode == 0
-    assert results.get(timeout=1) == "from somewhere"
-    assert len(stub.requests) == 2
-
-
-# -- runs through the executor ------------------------------------------------------------
 
 
 def _agent(primary: dict[str, Any], backup: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,14 +1,12 @@
-"""OpenAIProvider over real HTTP against the stub server: replies, errors, timeouts, aborts."""
+"""OpenAIProvider over real HTTP against the stub server: replies, options and its own errors.
+What it shares with AnthropicProvider (error statuses, timeouts, aborts, threads, forks) is
+tested on both in test_provider_transport.py."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
-from multiprocessing.queues import Queue
 
 import pytest
 
@@ -16,9 +14,7 @@ from tests.stub_provider import (
     Raw,
     StubProvider,
     StubToolCall,
-    drop,
     error,
-    hang,
     reply,
     tool_call,
     tool_calls,
@@ -183,28 +179,6 @@ def test_unset_options_are_left_out(stub: StubProvider, provider: OpenAIProvider
         assert option not in body
 
 
-def test_503_is_an_http_error_sent_exactly_once(
-    stub: StubProvider, provider: OpenAIProvider
-) -> None:
-    stub.enqueue(error(503, message="overloaded, try later"))
-
-    raised = failure(provider)
-
-    assert (raised.status, raised.kind, raised.provider) == (503, "http", "stub")
-    assert str(raised) == "HTTP 503 from provider 'stub': overloaded, try later"
-    assert raised.retry_after is None
-    assert len(stub.requests) == 1  # max_retries=0: the SDK did not retry on its own
-
-
-def test_429_carries_retry_after(stub: StubProvider, provider: OpenAIProvider) -> None:
-    stub.enqueue(error(429, retry_after=7, message="slow down"))
-
-    raised = failure(provider)
-
-    assert (raised.status, raised.kind, raised.retry_after) == (429, "http", 7)
-    assert len(stub.requests) == 1
-
-
 def test_404_is_an_http_error(stub: StubProvider, provider: OpenAIProvider) -> None:
     stub.enqueue(error(404, message="model gpt-test does not exist"))
 
@@ -214,158 +188,7 @@ def test_404_is_an_http_error(stub: StubProvider, provider: OpenAIProvider) -> N
     assert "model gpt-test does not exist" in str(raised)
 
 
-def test_a_dropped_connection_is_a_connection_error(
-    stub: StubProvider, provider: OpenAIProvider
-) -> None:
-    stub.enqueue(drop())
-
-    raised = failure(provider)
-
-    assert (raised.kind, raised.status) == ("connection", None)
-    assert len(stub.requests) == 1
-
-
-def test_nothing_listening_is_a_connection_error() -> None:
-    with StubProvider() as gone:
-        base_url = gone.base_url
-    provider = OpenAIProvider("gone", base_url=base_url, api_key=None, timeout_seconds=2)
-
-    raised = failure(provider)
-
-    assert raised.kind == "connection"
-
-
-def test_a_hang_past_the_timeout_is_a_timeout(stub: StubProvider) -> None:
-    provider = OpenAIProvider("stub", base_url=stub.base_url, api_key="k", timeout_seconds=0.5)
-    stub.enqueue(hang(10))
-    started = time.monotonic()
-
-    raised = failure(provider)
-
-    assert raised.kind == "timeout"
-    assert time.monotonic() - started < 5
-    provider.close()
-
-
 @pytest.mark.timeout(10)
-def test_an_abort_ends_a_blocked_call_promptly(
-    stub: StubProvider, provider: OpenAIProvider
-) -> None:
-    # Given a call that the server will not answer for 30 s
-    stub.enqueue(hang(30))
-    signal = AbortSignal()
-    threading.Timer(0.2, signal.abort, args=("cancelled",)).start()
-    started = time.monotonic()
-
-    # When another thread aborts it
-    raised = failure(provider, signal)
-
-    # Then it ends at once, and the request is really closed on the wire
-    assert raised.kind == "cancelled"
-    assert time.monotonic() - started < 1.5
-    assert _eventually(lambda: stub.in_progress == 0)
-
-
-def test_the_provider_still_works_after_an_abort(
-    stub: StubProvider, provider: OpenAIProvider
-) -> None:
-    stub.enqueue(hang(30), reply("after abort"))
-    signal = AbortSignal()
-
-    def abort_once_the_server_holds_it() -> None:
-        # not after a fixed delay: a cold client may not have sent the call yet, and the
-        # next call would then be the one that hangs
-        _eventually(lambda: stub.in_progress == 1, timeout=10)
-        signal.abort()
-
-    threading.Thread(target=abort_once_the_server_holds_it, daemon=True).start()
-    assert failure(provider, signal).kind == "cancelled"
-
-    assert provider.complete(request(), AbortSignal()).text == "after abort"
-
-
-def test_an_abort_cuts_only_its_own_call(stub: StubProvider, provider: OpenAIProvider) -> None:
-    # Given two calls of two threads in flight on one provider (one pool of connections)
-    stub.default = hang(1.0, reply("undisturbed"))
-    doomed = AbortSignal()
-    outcomes: dict[str, object] = {}
-
-    def call(name: str, signal: AbortSignal) -> None:
-        try:
-            outcomes[name] = provider.complete(request(), signal).text
-        except ProviderError as exc:
-            outcomes[name] = exc.kind
-
-    threads = [
-        threading.Thread(target=call, args=("doomed", doomed)),
-        threading.Thread(target=call, args=("other", AbortSignal())),
-    ]
-    for thread in threads:
-        thread.start()
-    assert _eventually(lambda: stub.in_progress == 2, timeout=10)
-
-    # When one of them is aborted
-    doomed.abort("cancelled")
-    for thread in threads:
-        thread.join(timeout=10)
-
-    # Then only that one ends cancelled; the other gets its answer
-    assert outcomes == {"doomed": "cancelled", "other": "undisturbed"}
-
-
-def test_an_aborted_signal_sends_nothing(stub: StubProvider, provider: OpenAIProvider) -> None:
-    signal = AbortSignal()
-    signal.abort("deadline")
-
-    raised = failure(provider, signal)
-
-    assert raised.kind == "cancelled"
-    assert "deadline" in str(raised)
-    assert stub.requests == []
-
-
-def test_concurrent_calls_share_one_provider(stub: StubProvider, provider: OpenAIProvider) -> None:
-    stub.default = hang(0.5, reply("together"))
-    texts: list[str | None] = []
-
-    def call() -> None:
-        texts.append(provider.complete(request(), AbortSignal()).text)
-
-    threads = [threading.Thread(target=call) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert texts == ["together"] * 4
-    assert stub.peak_in_progress == 4
-
-
-def _complete_in_child(provider: OpenAIProvider, results: Queue[str | None]) -> None:
-    results.put(provider.complete(request(), AbortSignal()).text)
-
-
-def test_a_forked_child_gets_its_own_client(stub: StubProvider, provider: OpenAIProvider) -> None:
-    # Given a provider whose client already holds a connection of the parent
-    stub.default = reply("from somewhere")
-    provider.complete(request(), AbortSignal())
-    context = multiprocessing.get_context("fork")
-    results: Queue[str | None] = context.Queue()
-
-    # When a forked child (whose copy of that connection is its parent's) uses the provider
-    child = context.Process(target=_complete_in_child, args=(provider, results))
-    child.start()
-    child.join(timeout=10)
-    if child.is_alive():  # a stuck child must not outlive the test
-        child.kill()
-        child.join()
-
-    # Then it answers through a client and a connection of its own
-    assert child.exitcode == 0
-    assert results.get(timeout=1) == "from somewhere"
-    assert len(stub.requests) == 2
-
-
 def test_retry_after_accepts_seconds_milliseconds_and_dates() -> None:
     now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -374,13 +197,3 @@ def test_retry_after_accepts_seconds_milliseconds_and_dates() -> None:
     assert parse_retry_after({"Retry-After": "Wed, 01 Jan 2025 12:00:30 GMT"}, now) == 30
     assert parse_retry_after({"Retry-After": "soon"}) is None
     assert parse_retry_after({}) is None
-
-
-def _eventually(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
-    """Poll a condition the server reaches on its own thread (no fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
