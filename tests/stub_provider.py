@@ -50,6 +50,7 @@ class Reply:
     input_tokens: int = 10
     output_tokens: int = 5
     model: str | None = None
+    cached_input_tokens: int = 0  # of input_tokens, served from the prompt cache
 
     def respond(self, exchange: Exchange) -> None:
         if exchange.api == "anthropic":
@@ -79,7 +80,11 @@ class Reply:
             "content": content,
             "stop_reason": "tool_use" if self.tool_calls else "end_turn",
             "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens},
+            "usage": {  # Anthropic's input_tokens leave out the prompt cache's
+                "input_tokens": self.input_tokens - self.cached_input_tokens,
+                "cache_read_input_tokens": self.cached_input_tokens,
+                "output_tokens": self.output_tokens,
+            },
         }
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -101,6 +106,7 @@ class Reply:
                 "prompt_tokens": self.input_tokens,
                 "completion_tokens": self.output_tokens,
                 "total_tokens": self.input_tokens + self.output_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_input_tokens},
             },
         }
 

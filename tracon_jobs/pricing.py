@@ -23,6 +23,12 @@ class _Price(Protocol):
     @property
     def output_per_million(self) -> Decimal: ...
 
+    @property
+    def cached_input_per_million(self) -> Decimal | None: ...
+
+    @property
+    def cache_write_per_million(self) -> Decimal | None: ...
+
 
 class _Pricing(Protocol):
     @property
@@ -36,11 +42,21 @@ def price(pricing: _Pricing, model: str, usage: Usage) -> tuple[Decimal, str]:
     rate = pricing.price_for(model)
     if rate is None:
         return Decimal(0), "Unknown"
+    full_rate = rate.input_per_million
+    cached = usage.cached_input_tokens
+    written = usage.cache_write_input_tokens
+    uncached = max(usage.input_tokens - cached - written, 0)
     amount = (
-        Decimal(usage.input_tokens) * rate.input_per_million
+        Decimal(uncached) * full_rate
+        + Decimal(cached) * _or(rate.cached_input_per_million, full_rate)
+        + Decimal(written) * _or(rate.cache_write_per_million, full_rate)
         + Decimal(usage.output_tokens) * rate.output_per_million
     ) / MILLION
     return amount, "Configured"
+
+
+def _or(rate: Decimal | None, otherwise: Decimal) -> Decimal:
+    return otherwise if rate is None else rate
 
 
 _DATED = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")

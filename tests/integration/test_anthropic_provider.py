@@ -218,7 +218,9 @@ def test_cached_input_counts_as_input(stub: StubProvider, provider: AnthropicPro
 
     response = provider.complete(request(), AbortSignal())
 
-    assert (response.usage.input_tokens, response.usage.output_tokens) == (125, 7)
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens) == (125, 7)
+    assert (usage.cached_input_tokens, usage.cache_write_input_tokens) == (100, 20)
     assert response.finish_reason == "length"
 
 
@@ -270,7 +272,11 @@ def _agent(primary: dict[str, Any], backup: dict[str, Any] | None = None) -> dic
     config["Agents"]["demo"]["Model"] = model
     config["Pricing"] = {
         "Models": {
-            "claude-a": {"InputPerMillion": 3, "OutputPerMillion": 15},
+            "claude-a": {
+                "InputPerMillion": 3,
+                "OutputPerMillion": 15,
+                "CachedInputPerMillion": 0.3,
+            },
             "gpt-b": {"InputPerMillion": 10, "OutputPerMillion": 20},
         }
     }
@@ -284,7 +290,7 @@ def test_a_run_calls_a_tool_and_answers_through_the_messages_api(
     runtime = make_runtime(sql_url, **_agent(anthropic))
     stub_provider.enqueue(
         tool_call("lookup_order", {"order_id": "A-1"}, call_id="toolu_9"),
-        reply("It shipped.", input_tokens=1000, output_tokens=100),
+        Reply("It shipped.", input_tokens=1000, output_tokens=100, cached_input_tokens=800),
     )
     tenant = runtime.tenants.ensure_tenant("acme")
     run_id = runtime.runs.create(NewRun(tenant, "demo", {"message": "Where is A-1?"})).id
@@ -302,7 +308,11 @@ def test_a_run_calls_a_tool_and_answers_through_the_messages_api(
     result = second["messages"][-1]["content"][-1]
     assert (result["type"], result["tool_use_id"]) == ("tool_result", "toolu_9")
     assert (run.input_tokens, run.output_tokens) == (10 + 1000, 5 + 100)
-    assert float(run.cost_amount) == pytest.approx((1010 * 3 + 105 * 15) / 1_000_000)
+    # the 800 tokens read from the prompt cache at CachedInputPerMillion 0.3
+    assert float(run.cost_amount) == pytest.approx((210 * 3 + 800 * 0.3 + 105 * 15) / 1_000_000)
+    completed = [e for e in runtime.runs.events(run_id) if e.type == "ModelCallCompleted"]
+    assert completed[-1].data["usage"]["cachedInputTokens"] == 800
+    assert stub_provider.requests and completed[0].data["usage"]["cachedInputTokens"] == 0
     assert run.model_id == "claude-a"
 
 

@@ -301,6 +301,30 @@ def test_a_dated_suffix_falls_back_to_the_undated_price() -> None:
     assert price_at(pricing, "my-alias", "other-2024-08-06", usage) == (Decimal(0), "Unknown")
 
 
+def test_prompt_cache_tokens_are_priced_at_their_own_rates_when_given() -> None:
+    from tracon_jobs.pricing import price
+    from tracon_jobs.providers.base import Usage
+    from tracon_jobs.settings import PricingSettings
+
+    rates = {"InputPerMillion": 3, "OutputPerMillion": 15}
+    pricing = PricingSettings.model_validate(
+        {
+            "Models": {
+                "plain": rates,
+                "cached": {**rates, "CachedInputPerMillion": "0.3", "CacheWritePerMillion": 3.75},
+            }
+        }
+    )
+    # a million input tokens: 600k uncached, 300k read from the cache, 100k written to it
+    usage = Usage(
+        1_000_000, 1_000_000, cached_input_tokens=300_000, cache_write_input_tokens=100_000
+    )
+
+    assert price(pricing, "plain", usage) == (Decimal(3 + 15), "Configured")
+    cost = Decimal("0.6") * 3 + Decimal("0.3") * Decimal("0.3") + Decimal("0.1") * Decimal("3.75")
+    assert price(pricing, "cached", usage) == (cost + 15, "Configured")
+
+
 CANCEL_IN_SQL: list[Runtime] = []
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.stub_provider import (
     Raw,
+    Reply,
     StubProvider,
     StubToolCall,
     error,
@@ -82,6 +83,18 @@ def test_an_empty_api_key_is_sent_as_a_placeholder(
 
     headers = {k.lower(): v for k, v in stub.request_headers[0].items()}
     assert headers["authorization"] == "Bearer not-needed"
+
+
+def test_cached_input_tokens_are_read(stub: StubProvider, provider: OpenAIProvider) -> None:
+    stub.enqueue(Reply("hi", input_tokens=1000, cached_input_tokens=768))
+
+    usage = provider.complete(request(), AbortSignal()).usage
+
+    assert (usage.input_tokens, usage.cached_input_tokens, usage.cache_write_input_tokens) == (
+        1000,
+        768,
+        0,
+    )
 
 
 def test_tool_calls_are_parsed(stub: StubProvider, provider: OpenAIProvider) -> None:

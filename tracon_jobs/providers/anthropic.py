@@ -11,8 +11,9 @@ chain can replay them; they are translated here, each way, on every call:
 - `MaxOutputTokens` is `max_tokens`, which the API requires: unset, it is 4,096
   (`DEFAULT_MAX_TOKENS`); a `json_schema` response format is `output_config.format`;
 - the answer's `text` blocks are the reply's text, its `tool_use` blocks the tool calls (each
-  `input` as JSON text), the cached input tokens count as input, and a `refusal` stop is a
-  blocked answer (`ContentBlockedError`, never fallen back from).
+  `input` as JSON text), the prompt cache's tokens count as input (read and written, each
+  priced at its own rate when `Pricing` gives one), and a `refusal` stop is a blocked answer
+  (`ContentBlockedError`, never fallen back from).
 
 The call runs as `OpenAIProvider`'s does (`sdk.py`): on the caller's thread, through the
 client's `post` with the answer as bytes, on abortable connections, with the SDK never retrying
@@ -109,15 +110,17 @@ class AnthropicProvider(SdkProvider):
                 tool_calls.append(ToolCall(id=block["id"], name=block["name"], arguments=arguments))
             # other blocks (thinking, server tools' own) are not part of the answer
         usage = json_object(message.get("usage"))
+        cache_read = count(usage.get("cache_read_input_tokens"))
+        cache_write = count(usage.get("cache_creation_input_tokens"))
         return ModelResponse(
             model=text(message.get("model")) or request.model,
             text="".join(texts) if texts else None,
             tool_calls=tool_calls,
             usage=Usage(
-                input_tokens=count(usage.get("input_tokens"))
-                + count(usage.get("cache_creation_input_tokens"))
-                + count(usage.get("cache_read_input_tokens")),
+                input_tokens=count(usage.get("input_tokens")) + cache_read + cache_write,
                 output_tokens=count(usage.get("output_tokens")),
+                cached_input_tokens=cache_read,
+                cache_write_input_tokens=cache_write,
             ),
             finish_reason=_FINISH_REASONS.get(text(stop_reason), text(stop_reason) or "stop"),
         )

@@ -31,8 +31,14 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Usage:
+    """Tokens of one call. `input_tokens` counts every input token; of those, the provider's
+    prompt cache served `cached_input_tokens` and wrote `cache_write_input_tokens` (each
+    priced at its own rate when `Pricing` gives one)."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_input_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -174,7 +174,10 @@ def _tool_call(call: dict[str, Any]) -> ToolCall:
 
 def _usage(usage: Any) -> Usage:
     usage = json_object(usage)
+    details = json_object(usage.get("prompt_tokens_details"))
+    input_tokens = count(usage.get("prompt_tokens"))
     return Usage(
-        input_tokens=count(usage.get("prompt_tokens")),
+        input_tokens=input_tokens,
         output_tokens=count(usage.get("completion_tokens")),
+        cached_input_tokens=min(count(details.get("cached_tokens")), input_tokens),
     )

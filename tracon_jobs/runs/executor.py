@@ -603,6 +603,8 @@ class RunExecutor:
             "usage": {
                 "inputTokens": spend.input_tokens,
                 "outputTokens": spend.output_tokens,
+                "cachedInputTokens": usage.cached_input_tokens,
+                "cacheWriteInputTokens": usage.cache_write_input_tokens,
             },
             "cost": {"amount": float(amount), "source": source},
             "cached": cached,

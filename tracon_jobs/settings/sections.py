@@ -436,6 +436,16 @@ class ModelPrice(ConfigModel):
 
     input_per_million: NonNegativeDecimal = Field(description="Price of a million input tokens.")
     output_per_million: NonNegativeDecimal = Field(description="Price of a million output tokens.")
+    cached_input_per_million: NonNegativeDecimal | None = Field(
+        None,
+        description="Price of a million input tokens served from the provider's prompt cache "
+        "(OpenAI's cached input, Anthropic's cache reads); null prices them as input.",
+    )
+    cache_write_per_million: NonNegativeDecimal | None = Field(
+        None,
+        description="Price of a million input tokens written to the prompt cache (Anthropic's "
+        "cache writes); null prices them as input.",
+    )
 
 
 class PricingSettings(ConfigModel):
