@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runs.lifecycle import Claim
+from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings, load_settings
 
@@ -104,6 +105,14 @@ def claim_run(runtime: Runtime, run_id: str, owner: str) -> Claim | None:
     """Claim a run as a worker would (`Queued` -> `Running`, a new fence), without running it."""
     claimed = runtime.runs.claim_and_load(run_id, owner)
     return None if claimed is None else claimed[0]
+
+
+def run_once(runtime: Runtime, message: str = "go") -> Run:
+    """A run of agent `demo` for tenant `acme`, executed to its end on this thread."""
+    tenant = runtime.tenants.ensure_tenant("acme")
+    run_id = runtime.runs.create(NewRun(tenant, "demo", {"message": message})).id
+    runtime.executor.execute(run_id)
+    return run_of(runtime, run_id)
 
 
 def run_of(runtime: Runtime, run_id: str) -> Run:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests import tools
-from tests.helpers import MakeRuntime, scripted_agent
+from tests.helpers import MakeRuntime, event_types, run_once, scripted_agent
 from tests.stub_provider import (
     Raw,
     Reply,
@@ -25,7 +25,6 @@ from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ContentBlockedError, ProviderError
 from tracon_jobs.providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from tracon_jobs.providers.base import ModelRequest
-from tracon_jobs.runs.store import NewRun
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -292,15 +291,11 @@ def test_a_run_calls_a_tool_and_answers_through_the_messages_api(
         tool_call("lookup_order", {"order_id": "A-1"}, call_id="toolu_9"),
         Reply("It shipped.", input_tokens=1000, output_tokens=100, cached_input_tokens=800),
     )
-    tenant = runtime.tenants.ensure_tenant("acme")
-    run_id = runtime.runs.create(NewRun(tenant, "demo", {"message": "Where is A-1?"})).id
 
-    runtime.executor.execute(run_id)
+    run = run_once(runtime, "Where is A-1?")
 
-    run = runtime.runs.get(run_id)
-    assert run is not None
     assert run.status == "Completed" and run.output == {"text": "It shipped."}
-    events = [event.type for event in runtime.runs.events(run_id)]
+    events = event_types(runtime, run.id)
     assert events.count("ToolCallCompleted") == 1 and events[-1] == "RunCompleted"
     first, second = stub_provider.requests
     assert first["tools"][0]["name"] in ("charge_card", "lookup_order")
@@ -310,9 +305,9 @@ def test_a_run_calls_a_tool_and_answers_through_the_messages_api(
     assert (run.input_tokens, run.output_tokens) == (10 + 1000, 5 + 100)
     # the 800 tokens read from the prompt cache at CachedInputPerMillion 0.3
     assert float(run.cost_amount) == pytest.approx((210 * 3 + 800 * 0.3 + 105 * 15) / 1_000_000)
-    completed = [e for e in runtime.runs.events(run_id) if e.type == "ModelCallCompleted"]
+    completed = [e for e in runtime.runs.events(run.id) if e.type == "ModelCallCompleted"]
     assert completed[-1].data["usage"]["cachedInputTokens"] == 800
-    assert stub_provider.requests and completed[0].data["usage"]["cachedInputTokens"] == 0
+    assert completed[0].data["usage"]["cachedInputTokens"] == 0
     assert run.model_id == "claude-a"
 
 
@@ -330,16 +325,12 @@ def test_an_overloaded_anthropic_link_falls_back_and_a_charge_runs_once(
         stub_provider.enqueue(charge, error(529, message="Overloaded"))
         # And the OpenAI-compatible fallback asks for the very same charge, then answers
         backup.enqueue(charge, reply("charged once"))
-        tenant = runtime.tenants.ensure_tenant("acme")
-        run_id = runtime.runs.create(NewRun(tenant, "demo", {"message": "go"})).id
 
-        runtime.executor.execute(run_id)
+        run = run_once(runtime)
 
-    run = runtime.runs.get(run_id)
-    assert run is not None
     assert run.status == "Completed" and run.output == {"text": "charged once"}
     assert len(tools.charges) - before == 1, "the charge ran exactly once"
-    events = [event.type for event in runtime.runs.events(run_id)]
+    events = event_types(runtime, run.id)
     assert "ToolCallAnsweredFromLedger" in events and "ModelFallbackUsed" in events
     assert [(a["provider"], a["outcome"], a.get("status")) for a in run.model_attempts or []] == [
         ("a", "failed", 529),

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests import tools
-from tests.helpers import MakeRuntime, ThreadWorker, scripted_agent
+from tests.helpers import MakeRuntime, ThreadWorker, run_once, scripted_agent
 from tests.stub_provider import (
     Behaviour,
     Reply,
@@ -22,7 +22,6 @@ from tests.stub_provider import (
     reply,
 )
 from tracon_jobs.db.models import Run
-from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
 
@@ -52,15 +51,6 @@ def chain(
         }
     }
     return config | sections
-
-
-def run_once(runtime: Runtime) -> Run:
-    tenant = runtime.tenants.ensure_tenant("acme")
-    run_id = runtime.runs.create(NewRun(tenant, "demo", {"message": "go"})).id
-    runtime.executor.execute(run_id)
-    run = runtime.runs.get(run_id)
-    assert run is not None
-    return run
 
 
 def types(runtime: Runtime, run: Run) -> list[str]:

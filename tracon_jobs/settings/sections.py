@@ -585,22 +585,20 @@ class Settings(ConfigModel):
     def _agents_name_known_providers(self) -> Settings:
         """A typo in a provider name must fail at startup, not at the agent's first run."""
         for agent_name, agent in self.agents.items():
-            for setting, provider in agent.model.provider_links():
+            model = agent.model
+            for setting, provider in model.provider_links():
                 if provider not in self.providers:
                     known = ", ".join(sorted(self.providers)) or "none"
                     raise broken_rule(
                         f"must name a configured provider (got {provider!r}; configured: {known})",
                         setting=f"Agents.{agent_name}.Model.{setting}",
                     )
-            model = agent.model
-            anthropic_rules = {
-                "ResponseFormat": anthropic_response_format_rule(model.response_format),
-                "Temperature": anthropic_temperature_rule(model.temperature),
-            }
-            for setting, provider in model.provider_links():
                 if self.providers[provider].kind != "anthropic":
                     continue
-                for option, rule in anthropic_rules.items():
+                for option, rule in (
+                    ("ResponseFormat", anthropic_response_format_rule(model.response_format)),
+                    ("Temperature", anthropic_temperature_rule(model.temperature)),
+                ):
                     if rule is not None:
                         raise broken_rule(
                             f"{rule}; the agent's Model.{setting} is {provider!r}, an "
