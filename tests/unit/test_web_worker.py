@@ -111,3 +111,17 @@ def test_a_quit_signal_while_the_pools_lock_is_held_still_exits(
     assert isinstance(outcome, SystemExit)
     assert worker.alive is False
     worker.tpool.shutdown()
+
+
+def test_a_second_quit_signal_leaves_the_first_ones_exit_alone(
+    worker: ProblemThreadWorker,
+) -> None:
+    """Ctrl-C reaches every process of `dev`'s web, then the master sends its workers
+    SIGQUIT: the second handler raised another SystemExit inside the first one's unwinding
+    (in `threading`'s lock release: "release unlocked lock", a traceback, exit 255)."""
+    with pytest.raises(SystemExit):
+        worker.handle_quit(signal.SIGINT, None)
+
+    worker.handle_quit(signal.SIGQUIT, None)  # returns: no second SystemExit
+
+    assert worker.quitting is True and worker.alive is False

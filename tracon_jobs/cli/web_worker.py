@@ -66,6 +66,7 @@ class ProblemThreadWorker(ThreadWorker):
     streams to the app's stream hub."""
 
     alive: bool
+    quitting = False  # a quit signal came: the worker is exiting
 
     def init_process(self) -> None:
         util.write_error = write_problem
@@ -89,7 +90,14 @@ class ProblemThreadWorker(ThreadWorker):
         also holds that lock in the pool's `submit`, for every request. Here the handler only
         stops the worker and exits, as gunicorn's base worker does; the pool's threads are
         told to stop at the interpreter's exit, as every pool's are.
+
+        A second quit signal while the first one's exit unwinds (the Ctrl-C and then the
+        master's SIGQUIT) does nothing: raising again there, inside a lock's release in
+        `threading`, ended the worker with "release unlocked lock", a traceback and exit 255.
         """
+        if self.quitting:
+            return
+        self.quitting = True
         Worker.handle_quit(self, sig, frame)
 
     def handle(self, conn: Any) -> Any:
