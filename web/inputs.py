@@ -126,10 +126,11 @@ def check_text(value: str, field: str) -> str:
 
 
 def integer(raw: str, field: str, lowest: int, highest: int) -> int:
-    """`raw` as an integer from `lowest` to `highest`: ASCII digits only, else 400."""
-    text = raw.strip(" \t")
-    if _DIGITS.fullmatch(text) and lowest <= int(text) <= highest:
-        return int(text)
+    """`raw` as an integer from `lowest` to `highest`: ASCII digits only, else 400. Nothing
+    is stripped: `?limit=+5` reaches here as `" 5"` (a `+` is a space in a query string), and
+    a sign or a blank is not a digit (a header's own blanks are gone before it gets here)."""
+    if _DIGITS.fullmatch(raw) and lowest <= int(raw) <= highest:
+        return int(raw)
     raise bad_request(f"{field}: must be an integer from {lowest} to {highest}", field=field)
 
 

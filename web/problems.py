@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, Response, json, request
+import redis
+from flask import Flask, Response, current_app, json, request
 from sqlalchemy.exc import InterfaceError, OperationalError
 from werkzeug.exceptions import HTTPException
 
@@ -59,24 +60,44 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(Problem, lambda problem: problem.response())
     for unavailable in (OperationalError, InterfaceError):
         app.register_error_handler(unavailable, _sql_unavailable)
+    for outage in REDIS_OUTAGES:
+        app.register_error_handler(outage, _redis_unavailable)
     app.register_error_handler(HTTPException, _http_exception)
 
 
 SQL_RETRY_AFTER_SECONDS = 5
+REDIS_RETRY_AFTER_SECONDS = 5
+REDIS_OUTAGES = (redis.ConnectionError, redis.TimeoutError)
+"""What a Redis that does not answer raises (a refused or dropped connection, a timeout);
+a script or command error is a defect, and stays a 500."""
 
 
 def _sql_unavailable(exc: Exception) -> Response:
-    """The database did not answer (a restart, a failover): 503 and when to retry, as a
-    Redis outage gets; nothing was half-done, every write is one transaction."""
+    """The database did not answer (a restart, a failover): 503 and when to retry; nothing
+    was half-done, every write is one transaction."""
     logging.getLogger(__name__).warning("database unavailable: %s", exc)
-    return Problem(
+    return unavailable("the database", SQL_RETRY_AFTER_SECONDS, "database_unavailable")
+
+
+def _redis_unavailable(exc: Exception) -> Response:
+    """Redis did not answer (a restart, a failover) where a request needs it (a live
+    stream's place, the broker): 503 and when to retry, as for the database."""
+    logging.getLogger(__name__).warning("redis unavailable: %s", exc)
+    return unavailable("Redis", REDIS_RETRY_AFTER_SECONDS, "redis_unavailable")
+
+
+def unavailable(store: str, retry_after: int, code: str) -> Response:
+    """A store outage met anywhere in a request, answered as the route answers its own
+    `Problem`s: problem+json, or OpenAI's error shape under `/v1` (its blueprint's handler)."""
+    problem = Problem(
         503,
         "Service Unavailable",
-        "the database is not answering; retry shortly",
-        headers={"Retry-After": str(SQL_RETRY_AFTER_SECONDS)},
-        code="database_unavailable",
+        f"{store} is not answering; retry shortly",
+        headers={"Retry-After": str(retry_after)},
+        code=code,
         openai_type="service_unavailable",
-    ).response()
+    )
+    return current_app.make_response(current_app.handle_user_exception(problem))
 
 
 def _http_exception(exc: HTTPException) -> Response:

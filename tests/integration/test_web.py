@@ -188,6 +188,25 @@ def test_list_filters_and_paginates_with_a_cursor(client: FlaskClient, key: str)
     )
 
 
+@pytest.mark.parametrize("route", ["/api/runs", "/api/approvals"])
+@pytest.mark.parametrize(
+    "limit",
+    ["+5", "%2B5", "%205", "5%20", "5.0", "%D9%A5"],
+    ids=["plus", "sign", "blank", "tail", "float", "arabic"],
+)
+def test_a_limit_with_anything_but_ascii_digits_is_a_400_naming_it(
+    client: FlaskClient, key: str, route: str, limit: str
+) -> None:
+    """`+5` in a query string is `" 5"`; a sign, a blank, a fraction and a digit of another
+    script are not the ASCII digits the API description asks for."""
+    response = client.get(f"{route}?limit={limit}", headers=auth(key))
+
+    assert response.status_code == 400, response.get_data(as_text=True)[:300]
+    assert response.mimetype == "application/problem+json"
+    assert response.get_json()["field"] == "limit"
+    assert client.get(f"{route}?limit=5", headers=auth(key)).status_code == 200
+
+
 def test_events_json_and_sse_resume_with_last_event_id(client: FlaskClient, key: str) -> None:
     run_id = client.post(
         "/api/agents/demo/run", json={"message": "x"}, headers=auth(key, Prefer="respond-async")
