@@ -10,6 +10,10 @@ too long key, a body with `stream: true`, or (workflow routes) no `Prefer: respo
 then one reservation decides between executing, 422, 409 and the replay. A non-2xx answer
 or an exception releases the reservation so that a retry can execute.
 
+A check that stops new work only (a drain, a spent quota: `before_new_work`) runs after that
+decision on a route that takes a key: a replay answers what was decided, and a refusal
+releases the reservation like any other error answer.
+
 Errors are raised as `Problem`s; the `/v1` blueprint renders them in OpenAI's shape.
 """
 
@@ -37,6 +41,10 @@ HEADER = "Idempotency-Key"
 REPLAYED = "Idempotency-Replayed"
 
 View = TypeVar("View", bound=Callable[..., Any])
+NEW_WORK_CHECKS = "tracon_new_work_checks"
+"""Where `before_new_work` leaves the checks `execute_once` runs after the replay decision."""
+
+_keyed_views: set[Callable[..., Any]] = set()
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ def idempotent(*, require_async: bool = False) -> Callable[[View], View]:
                 return view(*args, **kwargs)
             return execute_once(lambda: view(*args, **kwargs), require_async)
 
+        _keyed_views.add(guarded)
         return cast(View, guarded)
 
     return wrap
@@ -92,7 +101,24 @@ def execute_once(call: Callable[[], Any], require_async: bool) -> Response:
             code="idempotency_key_in_progress",
         )
     g.idempotency = held
-    return run_reserved(held, call)
+    return run_reserved(held, lambda: admitted(call))
+
+
+def before_new_work(check: Callable[[], None]) -> None:
+    """Run `check` (it raises to refuse) now, or, for a request with a key on a route that
+    takes one, once the reservation is made: a stored answer is replayed whatever `check`
+    would say, since a replay starts nothing."""
+    if has_key() and current_app.view_functions.get(request.endpoint or "") in _keyed_views:
+        g.setdefault(NEW_WORK_CHECKS, []).append(check)
+    else:
+        check()
+
+
+def admitted(call: Callable[[], Any]) -> Any:
+    """`call` once every deferred new-work check let it through."""
+    for check in g.pop(NEW_WORK_CHECKS, []):
+        check()
+    return call()
 
 
 def checked_key(require_async: bool) -> str:

@@ -1,6 +1,7 @@
 """Tenant cost quotas on the web: `GET /api/quota`, and the `429` a run-starting route answers
-while the tenant's quota is spent (before the body is read, the idempotency key reserved or a
-row written)."""
+while the tenant's quota is spent (before the body is read or a row written). With an
+`Idempotency-Key` the check comes after the replay decision (`before_new_work`): a stored
+answer is replayed, since a replay spends nothing, and a refusal releases the reservation."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from flask import Blueprint, Response, g, jsonify, request
 from tracon_jobs.resilience.quotas import utc_now, window_of
 from web.auth import require_tenant, tenant_id
 from web.extensions import runtime
+from web.idempotency import before_new_work
 from web.problems import Problem
 
 bp = Blueprint("quota", __name__, url_prefix="/api")
@@ -47,24 +49,29 @@ def refuse_when_spent(blueprint: Blueprint, endpoints: Iterable[str]) -> None:
 
     @blueprint.before_request
     def _refuse_new_runs_over_quota() -> None:
-        if request.endpoint not in guarded:
-            return
-        quotas = runtime().quotas
-        tenant = tenant_id()
-        now = utc_now()
-        own = g.get("own_quota")
-        quota = quotas.quota_of(tenant) if own is None else quotas.quota_from(own)
-        if quota.limit is None:
-            return
-        refusal = quotas.refusal(tenant, quota, now)
-        if refusal is None:
-            return
-        retry_after = window_of(quota.period, now).seconds_left(now)
-        raise Problem(
-            429,
-            "Too Many Requests",
-            refusal.message,
-            headers={"Retry-After": str(retry_after)},
-            code=refusal.type,
-            openai_type="insufficient_quota",
-        )
+        if request.endpoint in guarded:
+            before_new_work(refuse_when_quota_spent)
+
+
+def refuse_when_quota_spent() -> None:
+    """`429` with `Retry-After` (seconds to the end of the period) while the tenant's quota is
+    spent."""
+    quotas = runtime().quotas
+    tenant = tenant_id()
+    now = utc_now()
+    own = g.get("own_quota")
+    quota = quotas.quota_of(tenant) if own is None else quotas.quota_from(own)
+    if quota.limit is None:
+        return
+    refusal = quotas.refusal(tenant, quota, now)
+    if refusal is None:
+        return
+    retry_after = window_of(quota.period, now).seconds_left(now)
+    raise Problem(
+        429,
+        "Too Many Requests",
+        refusal.message,
+        headers={"Retry-After": str(retry_after)},
+        code=refusal.type,
+        openai_type="insufficient_quota",
+    )

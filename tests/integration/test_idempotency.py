@@ -441,3 +441,75 @@ def test_a_request_without_the_header_streams_and_never_queries_the_store(
 
 # The routes that accept a key only with Prefer: respond-async (the workflow routes) are
 # tested on the real routes in test_workflows_http.py.
+
+
+# -- a drain stops new work, not replays ---------------------------------------------------
+
+CHAT = {"model": "demo", "messages": [{"role": "user", "content": "Where is A-1?"}]}
+SUBMISSIONS = [
+    ("/api/agents/demo/run", {"message": "Where is A-1?"}),
+    ("/api/workflows/paid/run", {"input": {}}),
+    ("/v1/chat/completions", CHAT),
+    ("/v1/responses", {"model": "demo", "input": "Where is A-1?"}),
+]
+
+
+def test_a_draining_node_replays_stored_answers_and_refuses_new_keys(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    # Given four submissions answered 202 with a key each, then the node starts draining
+    config = scripted_agent([{"Text": "It shipped."}])
+    runtime = make_runtime(
+        sql_url, sender=hold_queued, WorkflowModules=["tests.workflows"], **config
+    )
+    api_key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
+    live = create_app(runtime, {"TESTING": True}).test_client()
+    draining = create_app(runtime, {"TESTING": True, "TRACON_DRAINING": True}).test_client()
+
+    def submit(client: FlaskClient, path: str, body: Any, idem: str) -> Any:
+        return client.post(path, json=body, headers=headers(api_key, idem, Prefer="respond-async"))
+
+    first = [submit(live, path, body, f"first-{i}") for i, (path, body) in enumerate(SUBMISSIONS)]
+    assert [response.status_code for response in first] == [202] * 4
+
+    # When each is retried with its key, and sent with a new one, on the draining node
+    retries = [submit(draining, p, b, f"first-{i}") for i, (p, b) in enumerate(SUBMISSIONS)]
+    fresh = [submit(draining, p, b, f"new-{i}") for i, (p, b) in enumerate(SUBMISSIONS)]
+
+    # Then the retries get what was stored, and the new keys the drain's 503
+    for original, retry in zip(first, retries, strict=True):
+        assert retry.status_code == 202, retry.get_data(as_text=True)[:300]
+        assert retry.headers["Idempotency-Replayed"] == "true"
+        assert retry.get_data() == original.get_data()
+    for (path, _), refused in zip(SUBMISSIONS, fresh, strict=True):
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
+        if path.startswith("/v1/"):
+            error = refused.get_json()["error"]
+            assert (error["type"], error["code"]) == ("service_unavailable", "service_unavailable")
+        else:
+            assert refused.get_json()["code"] == "service_unavailable"
+    assert (len(runs_of(runtime)), len(records(runtime))) == (4, 4), "nothing new was written"
+
+
+def test_v1_responses_on_a_draining_node_is_503_in_openai_shape(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = make_runtime(sql_url, sender=hold_queued, **scripted_agent([{"Text": "x"}]))
+    api_key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
+    client = create_app(runtime, {"TESTING": True, "TRACON_DRAINING": True}).test_client()
+
+    response = client.post(
+        "/v1/responses", json={"model": "demo", "input": "x"}, headers=headers(api_key, None)
+    )
+
+    assert response.status_code == 503 and response.headers["Retry-After"] == "5"
+    assert response.mimetype == "application/json"
+    assert response.get_json() == {
+        "error": {
+            "message": "this node is draining before it stops; retry shortly",
+            "type": "service_unavailable",
+            "param": None,
+            "code": "service_unavailable",
+        }
+    }
+    assert runs_of(runtime) == []

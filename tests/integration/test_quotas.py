@@ -285,6 +285,50 @@ def test_a_buffered_answer_of_a_run_the_quota_stopped_is_429_and_not_stored(
     assert count_rows(runtime) == (1, 0)
 
 
+def test_a_retry_with_its_key_replays_the_stored_answer_after_the_quota_is_spent(
+    web_runtime: Runtime, client: FlaskClient
+) -> None:
+    """The quota stops new work only: what was decided before it ran out is still answered."""
+    # Given three submissions accepted with a key each, then two runs that spend the quota
+    key = key_of(web_runtime, "acme")
+    tenant(web_runtime, "acme", limit="0.5")
+    later = {"Prefer": "respond-async"}
+    chat = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
+    posts = [
+        ("/api/agents/demo/run", {"message": "hi"}, "agent-1"),
+        ("/api/workflows/paid/run", {"input": {"amount": 0.3}}, "workflow-1"),
+        ("/v1/chat/completions", chat, "chat-1"),
+    ]
+    first = [
+        client.post(path, json=body, headers=auth(key, **later, **{"Idempotency-Key": idem}))
+        for path, body, idem in posts
+    ]
+    assert [response.status_code for response in first] == [202, 202, 202]
+    for response in first[:2]:
+        web_runtime.executor.execute(response.get_json()["runId"])
+    fresh = client.post("/api/agents/demo/run", json={"message": "hi"}, headers=auth(key, **later))
+    assert fresh.status_code == 429, "the quota is spent"
+
+    # When each submission is retried with its key
+    retries = [
+        client.post(path, json=body, headers=auth(key, **later, **{"Idempotency-Key": idem}))
+        for path, body, idem in posts
+    ]
+
+    # Then each gets its stored 202 and run, and a new key is still refused
+    for original, retry in zip(first, retries, strict=True):
+        assert retry.status_code == 202, retry.get_data(as_text=True)[:300]
+        assert retry.headers["Idempotency-Replayed"] == "true"
+        assert retry.get_data() == original.get_data()
+    unseen = client.post(
+        "/api/agents/demo/run",
+        json={"message": "hi"},
+        headers=auth(key, **later, **{"Idempotency-Key": "agent-2"}),
+    )
+    assert unseen.status_code == 429 and unseen.get_json()["code"] == "tenant_quota_exceeded"
+    assert count_rows(web_runtime) == (3, 3), "the refused key was released"
+
+
 def test_get_quota_shows_the_period_limit_use_and_reset(
     web_runtime: Runtime, client: FlaskClient, redis_client: redis.Redis
 ) -> None:
