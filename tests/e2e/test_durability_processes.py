@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -272,3 +273,39 @@ def test_a_frozen_zombie_never_produces_a_second_result(
         closed.ended_at,
     )
     assert events(runtime, run_id).count("RunCompleted") == 0
+
+
+def test_a_live_worker_heartbeating_every_millisecond_abandons_no_run(
+    make_cluster: Callable[..., Cluster], make_runtime: MakeRuntime, postgres_url: str | None
+) -> None:
+    # Given one worker on PostgreSQL whose heartbeat runs every millisecond, so that it
+    # lands again and again between the read of a claim and its first write, and nothing
+    # killed
+    if postgres_url is None:
+        pytest.skip("no PostgreSQL server (set TRACON_TEST_POSTGRES_URL)")
+    reconcile = {**FAST_RECONCILE, "HeartbeatInterval": "00:00:00.001"}
+    script: Script = [
+        {"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "A-1"}}]},
+        {"Text": "A-1 shipped."},
+    ]
+    sections = {**scripted_agent(script, ["lookup_order"]), "RunReconciliation": reconcile}
+    cluster = make_cluster(postgres_url, **sections)
+    worker = cluster.worker("w1", concurrency=4)
+    runtime = make_runtime(postgres_url, **sections)
+
+    # When 200 runs come in at about 40 a second
+    run_ids = []
+    for _ in range(200):
+        run_ids.append(submit(runtime))
+        time.sleep(0.025)
+
+    # Then every one of them completes, and the worker never judged one taken away
+    def unfinished() -> list[str]:
+        return [r for r in run_ids if run_of(runtime, r).status != "Completed"]
+
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: not unfinished(), timeout=60, what="every run Completed")
+    left = unfinished()
+    assert left == [], f"{len(left)} of {len(run_ids)} runs abandoned by a live worker"
+    taken = [line for line in worker.text().splitlines() if "taken away" in line]
+    assert taken == []

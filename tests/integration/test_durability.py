@@ -267,6 +267,89 @@ def test_a_heartbeat_while_a_claim_is_read_and_not_made_yet_keeps_the_run(
     assert runtime.runs.heartbeat({run.id: claim.fence}) == {run.id}
 
 
+def test_heartbeats_racing_claims_never_judge_a_claim_lost(
+    make_runtime: MakeRuntime,
+    sql_url: str,
+) -> None:
+    # Given claims read and then made by two executor threads, and the heartbeat of the
+    # runs they hold written as fast as it can go meanwhile (no run ends: every run is
+    # this process's all along)
+    runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
+    runs = [new_run(runtime).id for _ in range(300)]
+    held: dict[str, int] = {}
+    lock = threading.Lock()
+    lost: set[str] = set()
+    beats = 0
+    claiming = threading.Event()
+    done = threading.Event()
+
+    def claim(run_ids: list[str]) -> None:
+        for index, run_id in enumerate(run_ids):
+            claimed = runtime.runs.open_claim(run_id, "me")
+            assert claimed is not None
+            with lock:
+                held[run_id] = claimed[0].fence
+            claiming.set()
+            time.sleep(0.0005 * (index % 3))  # the first write comes a little later
+            runtime.runs.append(claimed[0], "ModelCallStarted", {"turn": 0})
+
+    def beat() -> None:
+        nonlocal beats
+        claiming.wait(10)
+        while not done.is_set():
+            with lock:
+                owned = dict(held)
+            lost.update(set(owned) - runtime.runs.heartbeat(owned))
+            beats += 1
+
+    # When they race
+    claimers = [threading.Thread(target=claim, args=(runs[i::2],)) for i in range(2)]
+    beater = threading.Thread(target=beat)
+    beater.start()
+    for thread in claimers:
+        thread.start()
+    for thread in claimers:
+        thread.join(timeout=60)
+    done.set()
+    beater.join(timeout=10)
+
+    # Then no heartbeat judged a run lost, in any of its states
+    assert beats >= 20, f"only {beats} heartbeats raced the claims"
+    assert lost == set(), f"{len(lost)} of {len(runs)} claims judged taken away"
+    assert {status(runtime, run_id) for run_id in runs} == {"Running"}
+
+
+def test_a_heartbeat_of_an_earlier_claim_does_not_stop_the_next_one(
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+) -> None:
+    # Given a run executed here under one claim, then under the next (a decision continues
+    # the same row), while a heartbeat of the first claim was on its way
+    runtime = make_runtime(sqlite_url, RunReconciliation=RECONCILE, **scripted_agent([]))
+    run = new_run(runtime)
+    first = claim_run(runtime, run.id, "me")
+    assert first is not None
+    snapshot = {run.id: first.fence}
+    with runtime.db.write() as session:  # the run waited and was queued again
+        session.execute(update(Run).where(Run.id == run.id).values(status="Queued"))
+    second = claim_run(runtime, run.id, "me")
+    assert second is not None and second.fence == first.fence + 1
+    signal = AbortSignal()
+    runtime.live_runs.register(second, signal)
+
+    # When the first claim's heartbeat answers that it is gone
+    runtime.live_runs.beat(snapshot)
+
+    # Then the execution of the second claim goes on; a heartbeat of its own stops it once
+    # it is gone too
+    assert not signal.aborted
+    with runtime.db.write() as session:
+        session.execute(update(Run).where(Run.id == run.id).values(fence=Run.fence + 1))
+    runtime.live_runs.beat({run.id: second.fence})
+    assert signal.aborted and signal.reason == TAKEN_AWAY
+    runtime.live_runs.unregister(run.id)
+
+
 def test_a_claim_whose_first_write_fails_is_made_by_the_next_one(
     make_runtime: MakeRuntime,
     postgres_url: str | None,

@@ -82,17 +82,26 @@ class LiveRuns:
         if not owned:
             return
         if heartbeat_due:
-            for run_id in set(owned) - self.store.heartbeat(owned):
-                log.warning("run %s was taken away from this process", run_id)
-                self._abort(run_id, TAKEN_AWAY)
+            self.beat(owned)
         for run_id in self.store.cancel_requested(list(owned)):
             self._abort(run_id, CANCELED)
 
-    def _abort(self, run_id: str, reason: str) -> None:
+    def beat(self, owned: dict[str, int]) -> None:
+        """Heartbeat the claims `owned` (run id -> fence, as read before) and stop the
+        execution of each one that is gone; only that claim's: the run may have a new claim
+        here since (a decision continues the same row with the next fence)."""
+        for run_id in set(owned) - self.store.heartbeat(owned):
+            if self._abort(run_id, TAKEN_AWAY, fence=owned[run_id]):
+                log.warning("run %s was taken away from this process", run_id)
+
+    def _abort(self, run_id: str, reason: str, *, fence: int | None = None) -> bool:
+        """Abort the run's execution here (only the one of `fence`, when given)."""
         with self._lock:
             live = self._runs.get(run_id)
-        if live is not None:
-            live.signal.abort(reason)
+        if live is None or (fence is not None and live.claim.fence != fence):
+            return False
+        live.signal.abort(reason)
+        return True
 
     def _tick_forever(self) -> None:
         last_heartbeat = 0.0

@@ -327,6 +327,10 @@ class RunStore:
         # run id -> a claim that was never made: another process claimed the run first, with
         # the same fence number maybe; every write of it is refused until `let_go`
         self._taken: dict[str, Claim] = {}
+        # run id -> the fence of a claim whose executor is making its last change of the run
+        # (the final write, or the wait for a person): the run leaves `Running` by its own
+        # hand, and a heartbeat that no longer finds it there is no take-over
+        self._ending: dict[str, int] = {}
 
     def publish(self, event: Event | None) -> Event | None:
         if event is not None and self.feed is not None:
@@ -463,6 +467,8 @@ class RunStore:
         for forgotten in (self._pending, self._taken):
             if forgotten.get(claim.run_id) == claim:
                 del forgotten[claim.run_id]
+        if self._ending.get(claim.run_id) == claim.fence:
+            del self._ending[claim.run_id]
 
     def _is_pending(self, claim: Claim | None) -> bool:
         """Whether `claim` is read and not made yet; `ClaimedElsewhere` for a claim that another
@@ -661,6 +667,7 @@ class RunStore:
         `spend`: the last model call's spend and its `ModelCallCompleted` data, written in
         the same statement (one transaction for the answer and the end of the run)."""
         self._settle(claim)
+        self._ending[claim.run_id] = claim.fence
         return self._close(
             claim.run_id, RunStatus.RUNNING, claim, status, output, error, attempts, spend=spend
         )
@@ -715,7 +722,18 @@ class RunStore:
         """One bulk heartbeat for the runs this process executes (run id -> fence).
 
         Returns the ids still owned: a run missing from the answer was closed or claimed
-        by someone else, and its executor must stop.
+        by someone else, and its executor must stop. A run whose executor is making its last
+        change is still its own: that change is fenced, and tells it if it is too late.
+
+        A claim is ours in either of its two states, judged on the row itself, never on
+        this process's memory of which state the claim is in: read and not made yet (the
+        row still waits `Queued` with the fence read; the claim's next write makes it) or
+        made (the row is `Running`, or `Queued` again, with the fence; its heartbeat is
+        written). A claim only ever goes from the first state to the second, so asking for
+        the first and then for the second finds every claim of ours in one of them, however
+        the claim's write falls between the two; asked the other way round (or split by
+        which state this process believes), a claim made in between matches neither, and a
+        live executor is told its run was taken away.
         """
         # a claim that another process made first is not ours, whatever its fence number
         owned = {
@@ -723,33 +741,26 @@ class RunStore:
             for run_id, fence in owned.items()
             if (taken := self._taken.get(run_id)) is None or taken.fence != fence
         }
-        # a claim read and not made yet is ours while the run waits `Queued` with the fence
-        # read (its next write makes it); its own fence number may be another process's
-        # claim by now, so it is not heartbeat by that number
-        pending = {
-            run_id: fence
-            for run_id, fence in owned.items()
-            if (claim := self._pending.get(run_id)) is not None and claim.fence == fence
-        }
-        held: set[str] = set()
-        if pending:
-            waiting = or_(
-                *(
-                    and_(
-                        RUNS.c.id == rid,
-                        RUNS.c.fence == fence - 1,
-                        RUNS.c.status == RunStatus.QUEUED.value,
-                    )
-                    for rid, fence in pending.items()
+        if not owned:
+            return set()
+        read = or_(
+            *(and_(RUNS.c.id == rid, RUNS.c.fence == fence - 1) for rid, fence in owned.items())
+        )
+        with self.db.read() as session:
+            held = set(
+                session.scalars(
+                    select(RUNS.c.id).where(read, RUNS.c.status == RunStatus.QUEUED.value)
                 )
             )
-            with self.db.read() as session:
-                held |= set(session.scalars(select(RUNS.c.id).where(waiting)))
-        owned = {run_id: fence for run_id, fence in owned.items() if run_id not in pending}
-        if not owned:
-            return held
+        made = {rid: fence for rid, fence in owned.items() if rid not in held}
+        if made:
+            held |= self._beat(made)
+        return held | {rid for rid, fence in owned.items() if self._ending.get(rid) == fence}
+
+    def _beat(self, made: dict[str, int]) -> set[str]:
+        """Write the heartbeat of claims made (run id -> fence); the ids it found."""
         still_ours = or_(
-            *(and_(RUNS.c.id == rid, RUNS.c.fence == fence) for rid, fence in owned.items())
+            *(and_(RUNS.c.id == rid, RUNS.c.fence == fence) for rid, fence in made.items())
         )
         statement = (
             update(RUNS)
@@ -758,7 +769,7 @@ class RunStore:
             .returning(RUNS.c.id)
         )
         with self.db.write() as session:
-            return held | set(session.execute(statement, self.db.clock_params()).scalars())
+            return set(session.execute(statement, self.db.clock_params()).scalars())
 
     def cancel_requested(self, run_ids: Sequence[str]) -> set[str]:
         if not run_ids:
@@ -816,6 +827,7 @@ class RunStore:
         """`Running` -> `Waiting` inside the caller's transaction: the run lets go of its
         owner and heartbeat, remembers when it started waiting, and saves `saved` (its
         conversation) for whoever continues it; `RunTakenAway` when it is no longer ours."""
+        self._ending[claim.run_id] = claim.fence
         changed = session.execute(
             update(RUNS)
             .where(RUNS.c.id == claim.run_id, *_OWNED)
