@@ -54,6 +54,8 @@ TEXT_PARTS = {"text", "input_text", "output_text"}
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 ERROR_CODES = {401: "invalid_api_key", 404: "not_found"}
 RUN_ID_HEADER = "X-Tracon-Run-Id"
+SHOULD_RETRY = "x-should-retry"
+"""The header OpenAI's SDKs obey over their own retry rules (`false`: raise at once)."""
 STARTED = int(time.time())  # `created` of every model: agents carry no creation time
 
 Shape = Callable[[Run, str], dict[str, Any]]
@@ -222,27 +224,37 @@ def answer(run: Run, model: str, shape: Shape) -> Answer:
         return jsonify(shape(run, model)), 202, headers
     run = wait_for_end(run.id)
     if run.status == RunStatus.WAITING.value:
-        return waiting_answer(run)
+        raise waiting_for_approval(run)
     end = ending(run)
     if not end.ok:
         message = run.error_message or f"the run ended {run.status}"
         title = HTTPStatus(end.status).phrase
-        raise Problem(end.status, title, message, headers=end.headers, code=run.error_type)
+        headers = {**end.headers, **not_retried(end.status)}
+        raise Problem(end.status, title, message, headers=headers, code=run.error_type)
     return jsonify(shape(run, model)), end.status, end.headers
 
 
-def waiting_answer(run: Run) -> Answer:
-    """A run that waits for a person: 202 naming it and the approvals it waits for (the
-    OpenAI object only exists once the run ends; nobody can tell how long that takes)."""
+def not_retried(status: int) -> dict[str, str]:
+    """`x-should-retry: false` on a run's end that a retry would only repeat with a new run
+    (OpenAI's SDKs retry 409, 429 and 5xx twice by default, and obey this header). A `503`
+    (an open circuit refused the run before any provider call) is left to `Retry-After`."""
+    return {} if status == 503 else {SHOULD_RETRY: "false"}
+
+
+def waiting_for_approval(run: Run) -> Problem:
+    """A run that waits for a person: a `409` that names it and its approvals, which an SDK
+    raises (an OpenAI object only exists once the run ends, and nobody can tell when that is)
+    and does not retry (a retry would start another run)."""
     location = run_location(run.id)
-    body = {
-        "id": run.id,
-        "object": "tracon.run",
-        "status": "waiting",
-        "pendingApprovals": run_view(run)["pendingApprovals"],
-        "location": location,
-    }
-    return jsonify(body), 202, {"Location": location, RUN_ID_HEADER: run.id}
+    pending = run_view(run)["pendingApprovals"]
+    return Problem(
+        409,
+        "Conflict",
+        f"run {run.id} waits for approval {', '.join(pending) or '(none pending)'}: decide it "
+        f"with POST /api/approvals/{{id}}/decision, then read the run's output at {location}",
+        headers={"Location": location, SHOULD_RETRY: "false"},
+        code="run_waiting_for_approval",
+    )
 
 
 class ChatFrames:

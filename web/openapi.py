@@ -438,18 +438,6 @@ ACCEPTED_SCHEMA: dict[str, Any] = {
     "required": ["runId", "status"],
     "properties": {"runId": {"type": "string"}, "status": {"enum": RUN_STATUSES}},
 }
-WAITING_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "a /v1 answer for a run that waits for a person (202, Location)",
-    "required": ["id", "object", "status", "pendingApprovals", "location"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"const": "tracon.run"},
-        "status": {"const": "waiting"},
-        "pendingApprovals": {"type": "array", "items": {"type": "string"}},
-        "location": {"type": "string"},
-    },
-}
 MODEL_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["id", "object", "created", "owned_by"],
@@ -915,9 +903,9 @@ def openai_paths(key: dict[str, Any]) -> dict[str, Any]:
                 "content": {"application/json": {"schema": _schema("OpenAIObject")}, **OPENAI_SSE},
             },
             "202": _json(
-                {"anyOf": [_schema("WaitingRun"), _schema("OpenAIObject")]},
-                "Prefer: respond-async, or the run is still going (Runs.BufferedWaitTimeout),"
-                " or it waits for a person (a tracon.run object); Location names the run",
+                _schema("OpenAIObject"),
+                "Prefer: respond-async, or the run is still going (Runs.BufferedWaitTimeout);"
+                " Location names the run",
                 headers=run_header,
             ),
             **errors(OPENAI, 401, 404, 409, 413, 422, 429, 501, 502, 503),
@@ -1039,7 +1027,6 @@ def document(settings: Settings) -> dict[str, Any]:
                 "ChatCompletionRequest": CHAT_REQUEST,
                 "ResponsesRequest": RESPONSES_REQUEST,
                 "OpenAIObject": OPENAI_OBJECT,
-                "WaitingRun": WAITING_SCHEMA,
                 "Model": MODEL_SCHEMA,
                 "Problem": PROBLEM_SCHEMA,
                 "OpenAIError": OPENAI_ERROR_SCHEMA,

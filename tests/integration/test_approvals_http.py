@@ -379,19 +379,21 @@ V1 = [
 
 
 @pytest.mark.parametrize(("path", "body"), V1, ids=["chat", "responses"])
-def test_v1_answers_202_naming_the_waiting_run(
+def test_v1_answers_409_naming_the_waiting_run(
     client: FlaskClient, key: str, path: str, body: dict[str, Any]
 ) -> None:
     response = client.post(path, json=body, headers=auth(key))
 
-    assert response.status_code == 202
-    answer = response.get_json()
-    run_id = answer["id"]
+    assert response.status_code == 409
+    error = response.get_json()["error"]
+    run_id = response.headers["X-Tracon-Run-Id"]
     assert response.headers["Location"] == f"/api/runs/{run_id}"
-    assert response.headers["X-Tracon-Run-Id"] == run_id
-    assert answer["object"] == "tracon.run" and answer["status"] == "waiting"
-    assert answer["location"] == f"/api/runs/{run_id}"
-    [approval_id] = answer["pendingApprovals"]
+    assert response.headers["x-should-retry"] == "false"
+    assert error["code"] == "run_waiting_for_approval" and run_id in error["message"]
+    [approval_id] = client.get(f"/api/runs/{run_id}", headers=auth(key)).get_json()[
+        "pendingApprovals"
+    ]
+    assert approval_id in error["message"]
     assert decide(client, key, approval_id, {"approve": True}).status_code == 200
     wait_for_status(client, key, run_id, "Completed")
 

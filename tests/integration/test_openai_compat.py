@@ -626,3 +626,58 @@ def test_a_run_that_fails_after_a_turn_spoke_closes_the_message_then_fails(
     failed = events[-1]
     assert failed.type == "response.failed" and failed.response.error is not None
     assert failed.response.error.code == "provider_error"
+
+
+# -- the SDK's own retries ----------------------------------------------------------------
+
+
+def retrying_client(base: str, key: str) -> openai.OpenAI:
+    """The SDK as its users get it: `max_retries` left at its default (2)."""
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, timeout=20)
+
+
+def test_a_failed_run_is_not_retried_by_the_sdk_one_call_makes_one_run(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve([{"ErrorStatus": 400}])
+    client = retrying_client(base, key)
+    assert client.max_retries == 2
+
+    with pytest.raises(openai.APIStatusError) as chat:
+        client.chat.completions.create(model="demo", messages=USER)
+    chat_runs = len(api_runs(base, key))
+    with pytest.raises(openai.APIStatusError) as response:
+        client.responses.create(model="demo", input="x")
+
+    assert (chat_runs, len(api_runs(base, key))) == (1, 2), "one run per call"
+    assert chat.value.status_code == response.value.status_code == 502
+    assert chat.value.response.headers["x-should-retry"] == "false"
+
+
+CLOSE = [
+    {"ToolCalls": [{"Name": "close_account", "Arguments": {"account": "acc-1"}}]},
+    {"Text": "Done."},
+]
+
+
+@pytest.mark.parametrize("route", ["chat", "responses"])
+def test_a_run_that_waits_for_an_approval_raises_naming_the_run_and_the_approval(
+    serve: Callable[..., tuple[Runtime, str, str]], route: str
+) -> None:
+    _, base, key = serve(CLOSE, Agents=scripted_agent(CLOSE, ["close_account"])["Agents"])
+    client = retrying_client(base, key)
+
+    with pytest.raises(openai.ConflictError) as caught:
+        if route == "chat":
+            client.chat.completions.create(model="demo", messages=USER)
+        else:
+            client.responses.create(model="demo", input="x")
+
+    [run] = api_runs(base, key)
+    [approval_id] = run["pendingApprovals"]
+    error = caught.value
+    assert run["status"] == "Waiting" and run["id"] in error.message
+    assert approval_id in error.message
+    assert error.code == "run_waiting_for_approval" and error.status_code == 409
+    assert error.response.headers["X-Tracon-Run-Id"] == run["id"]
+    assert error.response.headers["Location"] == f"/api/runs/{run['id']}"
