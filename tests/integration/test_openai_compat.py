@@ -654,7 +654,7 @@ def test_a_failed_run_is_not_retried_by_the_sdk_one_call_makes_one_run(
     assert chat.value.response.headers["x-should-retry"] == "false"
 
 
-CLOSE = [
+CLOSE: list[dict[str, Any]] = [
     {"ToolCalls": [{"Name": "close_account", "Arguments": {"account": "acc-1"}}]},
     {"Text": "Done."},
 ]
