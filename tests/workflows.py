@@ -101,3 +101,27 @@ def flaky(ctx: WorkflowContext, input: dict[str, Any]) -> str:
         return "ok"
 
     return ctx.step("flaky", once, retries=1)
+
+
+@workflow("costly-retry")
+def costly_retry(ctx: WorkflowContext, input: dict[str, Any]) -> str:
+    """A node whose first attempt spends `amount` and fails; it has one retry."""
+
+    def spend_then_fail() -> str:
+        count("costly")
+        ctx.report_usage(input.get("amount", 1.0), "USD")
+        raise RuntimeError("the first attempt spent and failed")
+
+    return ctx.step("costly", spend_then_fail, retries=1)
+
+
+@workflow("agent-then-step")
+def agent_then_step(ctx: WorkflowContext, input: dict[str, Any]) -> str:
+    """An agent node (it spends the model's tokens), then a function node."""
+    draft = ctx.agent("demo", "Draft a reply")
+    return str(ctx.step("after-agent", _counted, "after-agent", draft))
+
+
+def _counted(node: str, value: str) -> str:
+    count(node)
+    return value

@@ -85,7 +85,9 @@ def respond(run_id: str) -> Response | tuple[Response, int, dict[str, str]]:
     body: Answer = parse_body(Answer)
     with place_for_stream(not prefers_async()) as place:
         try:
-            continuation = runtime().workflow_resumes.respond(run, body.answer)
+            continuation = runtime().workflow_resumes.respond(
+                run, body.answer, resumable=prefers_async()
+            )
         except RequestConflict as conflict:
             raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
     return started(continuation, place)
@@ -97,7 +99,7 @@ def resume(run_id: str) -> Response | tuple[Response, int, dict[str, str]]:
     run = owned_workflow_run(run_id)
     with place_for_stream(not prefers_async()) as place:
         try:
-            continuation = runtime().workflow_resumes.resume(run)
+            continuation = runtime().workflow_resumes.resume(run, resumable=prefers_async())
         except ResumeConflict as conflict:
             raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
     return started(continuation, place)

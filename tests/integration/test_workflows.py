@@ -10,15 +10,16 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import create_engine, select, text, update
+from sqlalchemy.pool import NullPool
 
 from tests import workflows
 from tests.helpers import MakeRuntime, claim_run, run_of, scripted_agent
 from tests.helpers import event_types as types
-from tracon_jobs.db.models import Run
+from tracon_jobs.db.models import Run, WorkflowNode
 from tracon_jobs.errors import ConfigurationError, RunTakenAway
 from tracon_jobs.runs.budget import seed_totals
-from tracon_jobs.runs.lifecycle import Claim
+from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings
@@ -61,7 +62,7 @@ def test_a_workflow_with_a_question_completes_across_respond(
     assert "WorkflowRequestCreated" in types(runtime, first)
 
     # When the person answers
-    second = runtime.workflow_resumes.respond(waiting, {"text": "send it"})
+    second = runtime.workflow_resumes.respond(waiting, {"text": "send it"}, resumable=False)
     assert runtime.executor.execute(second.id) == "Completed"
 
     # Then the answer continues the chain; finished nodes are replayed, not run again
@@ -78,7 +79,7 @@ def test_a_workflow_with_a_question_completes_across_respond(
     carried = seed_totals(runtime.db, second.id)
     assert carried.tokens == 120 and carried.cost == Decimal("0.00014")
     with pytest.raises(RequestConflict):
-        runtime.workflow_resumes.respond(closed, {"text": "again"})
+        runtime.workflow_resumes.respond(closed, {"text": "again"}, resumable=False)
 
 
 def test_time_waiting_for_the_answer_is_not_executed_time(
@@ -89,7 +90,7 @@ def test_time_waiting_for_the_answer_is_not_executed_time(
     assert runtime.executor.execute(first) == "Waiting"
     time.sleep(0.3)
 
-    second = runtime.workflow_resumes.respond(run_of(runtime, first), None)
+    second = runtime.workflow_resumes.respond(run_of(runtime, first), None, resumable=False)
 
     waited = run_of(runtime, first)
     assert waited.waited_ms >= 300
@@ -114,15 +115,17 @@ def test_a_function_node_is_refused_by_cost_and_resumes_after_the_setting_is_rai
 
     # When the operator raises the setting and resumes
     raised = runtime_for(make_runtime, sql_url, AgentGraph={"MaxTotalCost": 5})
-    resumed = raised.workflow_resumes.resume(failed)
+    resumed = raised.workflow_resumes.resume(failed, resumable=False)
     assert raised.executor.execute(resumed.id) == "Completed"
     assert run_of(raised, resumed.id).output == {"result": ["first", "second", "store"]}
     assert workflows.ran == ["first", "second", "store"]  # no node ran twice
 
     with pytest.raises(ResumeConflict):
-        raised.workflow_resumes.resume(run_of(raised, resumed.id))  # a completed run
+        raised.workflow_resumes.resume(
+            run_of(raised, resumed.id), resumable=False
+        )  # a completed run
     with pytest.raises(ResumeConflict):
-        raised.workflow_resumes.resume(failed)  # resumed already
+        raised.workflow_resumes.resume(failed, resumable=False)  # resumed already
 
 
 def test_a_node_marked_to_start_when_the_budget_is_spent_still_runs(
@@ -136,10 +139,76 @@ def test_a_node_marked_to_start_when_the_budget_is_spent_still_runs(
 
 
 def test_tokens_do_not_stop_a_function_node(make_runtime: MakeRuntime, sql_url: str) -> None:
-    runtime = runtime_for(make_runtime, sql_url, AgentGraph={"MaxTotalTokens": 1})
-    run_id = start(runtime, "paid", {"amount": 0.1})
+    # Given an agent node whose model call fits under the tree's 500 tokens when it starts
+    # (it reserves under 300) and then reports 1,020: the tree is past MaxTotalTokens
+    big = [{"Text": "Sorry.", "InputTokens": 1000, "OutputTokens": 20}]
+    config = scripted_agent(big) | {"WorkflowModules": ["tests.workflows"]}
+    runtime = make_runtime(
+        sql_url, sender=lambda _run_id: None, **config, AgentGraph={"MaxTotalTokens": 500}
+    )
+    run_id = start(runtime, "agent-then-step", {})
 
     assert runtime.executor.execute(run_id) == "Completed"
+
+    assert seed_totals(runtime.db, run_id).tokens == 1020  # more than MaxTotalTokens
+    assert workflows.ran == ["after-agent"]  # the function node still ran
+
+
+def test_a_refused_function_node_is_invoked_then_fails(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url, AgentGraph={"MaxTotalCost": 0.5})
+    run_id = start(runtime, "paid", {"amount": 0.5})
+
+    assert runtime.executor.execute(run_id) == "Failed"
+
+    second = [
+        (e.type, e.data) for e in runtime.runs.events(run_id) if e.data.get("node") == "second#1"
+    ]
+    assert [kind for kind, _ in second] == ["WorkflowNodeStarted", "WorkflowNodeFailed"]
+    assert second[1][1]["refused"] == "run_budget_exceeded"
+    assert workflows.ran == ["first"]  # the refused node's body never ran
+
+
+def test_max_duration_keeps_the_next_function_node_from_starting(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url, AgentGraph={"MaxDuration": "00:00:00.300"})
+    run_id = start(runtime, "three-nodes", {"seconds": 0.5})
+
+    assert runtime.executor.execute(run_id) == "Failed"
+
+    failed = run_of(runtime, run_id)
+    assert (failed.error_type, failed.error_class) == ("run_budget_exceeded", "QuotaExceeded")
+    assert "node-3#1" in (failed.error_message or "")
+    assert "MaxDuration" in (failed.error_message or "")
+    assert workflows.ran == ["node-1", "node-2"]  # node 2 was not cut off, node 3 never ran
+
+
+def test_a_retry_is_checked_against_the_budget_again(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url, AgentGraph={"MaxTotalCost": 0.5})
+    run_id = start(runtime, "costly-retry", {"amount": 1.0})
+
+    assert runtime.executor.execute(run_id) == "Failed"
+
+    failed = run_of(runtime, run_id)
+    assert failed.error_type == "run_budget_exceeded" and "MaxTotalCost" in (
+        failed.error_message or ""
+    )
+    assert workflows.ran == ["costly"]  # the first attempt spent past the limit: no second
+    attempts = [
+        (e.type, e.data["attempt"])
+        for e in runtime.runs.events(run_id)
+        if e.type.startswith("WorkflowNode")
+    ]
+    assert attempts == [
+        ("WorkflowNodeStarted", 1),
+        ("WorkflowNodeFailed", 1),
+        ("WorkflowNodeStarted", 2),
+        ("WorkflowNodeFailed", 2),
+    ]
 
 
 def test_a_failed_node_is_retried_when_asked(make_runtime: MakeRuntime, sql_url: str) -> None:
@@ -157,7 +226,7 @@ def test_replaying_a_hundred_checkpoints_is_cheap(make_runtime: MakeRuntime, sql
     runtime = runtime_for(make_runtime, sql_url)
     first = start(runtime, "hundred", {})
     assert runtime.executor.execute(first) == "Waiting"
-    second = runtime.workflow_resumes.respond(run_of(runtime, first), None)
+    second = runtime.workflow_resumes.respond(run_of(runtime, first), None, resumable=False)
     claim, run, signal = _claimed(runtime, second.id)
     stale = Claim(first, 0, "nobody")  # a worker compiles its statements once per process
     with pytest.raises(RunTakenAway):
@@ -265,9 +334,14 @@ def test_an_unknown_workflow_is_left_for_a_worker_that_knows_it(
 RECONCILE = {"Enabled": True, "HeartbeatInterval": "00:00:00.200", "OrphanThreshold": "00:00:05"}
 
 
-def _orphan(runtime: Runtime, run_id: str) -> None:
-    """The run was claimed by a worker that then died (its heartbeat is ten minutes old)."""
-    assert claim_run(runtime, run_id, "dead-worker") is not None
+def _orphan(runtime: Runtime, run_id: str, checkpointed: tuple[str, ...] = ()) -> None:
+    """The run was claimed by a worker that committed the `checkpointed` step nodes and then
+    died (its heartbeat is ten minutes old)."""
+    claim = claim_run(runtime, run_id, "dead-worker")
+    assert claim is not None
+    for node in checkpointed:
+        data = {"node": node, "kind": "step"}
+        runtime.workflow_store.checkpoint(claim, node, "step", node.split("#")[0], data)
     with runtime.db.write() as session:
         session.execute(
             update(Run)
@@ -276,28 +350,124 @@ def _orphan(runtime: Runtime, run_id: str) -> None:
         )
 
 
+def queued(runtime: Runtime, name: str, payload: dict[str, Any]) -> str:
+    """A workflow run submitted with `Prefer: respond-async`: its job owns it."""
+    tenant = runtime.tenants.ensure_tenant("acme")
+    new = NewRun(tenant, name, payload, kind="workflow", session_id="s", resumable=True)
+    return runtime.runs.create(new).id
+
+
+def test_without_resume_a_job_attempt_runs_the_workflow_again_from_its_first_node(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(
+        make_runtime, sql_url, RunReconciliation=RECONCILE, AsyncRun={"MaxAttempts": 2}
+    )
+    first = queued(runtime, "three-nodes", {})
+    _orphan(runtime, first, checkpointed=("node-1#1",))
+
+    # When the orphan scan finds the job's first attempt silent
+    second = runtime.reconciler.scan_once(runtime.db.now()).continued[first]
+
+    # Then the job attempts it again as a new run, from the start: no checkpoint answers
+    interrupted = run_of(runtime, first)
+    assert (interrupted.status, interrupted.error_type) == ("Failed", "restarted")
+    attempt = run_of(runtime, second)
+    assert (attempt.attempt, attempt.continued_from_run_id, attempt.resumable) == (2, first, True)
+    assert runtime.executor.execute(second) == "Completed"
+    assert workflows.ran == ["node-1", "node-2", "node-3"]  # node 1 ran again
+    assert "WorkflowNodeReplayed" not in types(runtime, second)
+
+
 def test_without_resume_a_queued_run_s_job_gets_async_run_max_attempts(
     make_runtime: MakeRuntime, sql_url: str
 ) -> None:
     runtime = runtime_for(
         make_runtime, sql_url, RunReconciliation=RECONCILE, AsyncRun={"MaxAttempts": 2}
     )
-    tenant = runtime.tenants.ensure_tenant("acme")
-    new = NewRun(tenant, "three-nodes", {}, kind="workflow", session_id="s", resumable=True)
-    first = runtime.runs.create(new).id
-    _orphan(runtime, first)
+    first = queued(runtime, "three-nodes", {})
+    _orphan(runtime, first, checkpointed=("node-1#1",))
 
-    # The job's first attempt was interrupted: it has a second one, a run of the chain
+    # The job's first attempt was interrupted: it has a second one, from the start
     second = runtime.reconciler.scan_once(runtime.db.now()).continued[first]
-    assert run_of(runtime, first).error_type == "interrupted"
+    assert run_of(runtime, first).error_type == "restarted"
     assert run_of(runtime, second).attempt == 2
 
     # The second attempt is interrupted too: the job's attempts are exhausted
     _orphan(runtime, second)
     result = runtime.reconciler.scan_once(runtime.db.now())
     assert result.continued == {} and result.orphaned == [second]
+    assert (run_of(runtime, second).status, run_of(runtime, second).error_type) == (
+        "Failed",
+        "orphaned",
+    )
     failed = [e.data for e in runtime.runs.events(second) if e.type == "JobFailed"]
     assert failed == [{"error": "tracon.job.attempts-exhausted", "attempts": 2}]
+
+
+JOB_ATTEMPTS = {"AsyncRun": {"MaxAttempts": 2}}
+RESUMES = {
+    "Workflows": {
+        "EnableCheckpointing": True,
+        "ResumeInterruptedRuns": True,
+        "MaxResumeAttempts": 1,
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("sections", "nodes_run"),
+    [
+        (JOB_ATTEMPTS, ["load-order", "load-order", "finish"]),  # from the start
+        (RESUMES, ["load-order", "finish"]),  # from the latest checkpoint
+    ],
+    ids=["job-attempts", "resume"],
+)
+def test_an_answer_does_not_use_up_the_job_s_attempts(
+    make_runtime: MakeRuntime, sql_url: str, sections: dict[str, Any], nodes_run: list[str]
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url, RunReconciliation=RECONCILE, **sections)
+    first = queued(runtime, "review", {"orderId": "A-1"})
+    assert runtime.executor.execute(first) == "Waiting"
+
+    # Given the person answered, and the worker running the answer's run died
+    answered = runtime.workflow_resumes.respond(
+        run_of(runtime, first), {"text": "send it"}, resumable=True
+    )
+    assert answered.attempt == 1  # an answer is no attempt of the job
+    _orphan(runtime, answered.id)
+
+    # When the orphan scan finds it silent
+    result = runtime.reconciler.scan_once(runtime.db.now())
+
+    # Then its job attempts it again (it was never retried), and the answer is kept
+    assert "JobFailed" not in types(runtime, answered.id)
+    again = result.continued[answered.id]
+    assert run_of(runtime, again).attempt == 2
+    assert runtime.executor.execute(again) == "Completed"
+    assert run_of(runtime, again).output == {"result": {"reply": "A-1: send it"}}
+    assert workflows.ran == nodes_run
+
+
+def test_an_operator_resume_does_not_use_up_the_job_s_attempts(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url, RunReconciliation=RECONCILE, **RESUMES)
+    first = queued(runtime, "three-nodes", {})
+    _orphan(runtime, first)
+    runtime.runs.close_orphan(
+        run_of(runtime, first),
+        RunStatus.FAILED,
+        RunError("orphaned", ErrorClass.INFRASTRUCTURE, "closed by hand"),
+        runtime.db.now(),
+    )
+    resumed = runtime.workflow_resumes.resume(run_of(runtime, first), resumable=True)
+    assert resumed.attempt == 1
+    _orphan(runtime, resumed.id)
+
+    result = runtime.reconciler.scan_once(runtime.db.now())
+
+    assert resumed.id in result.continued and "JobFailed" not in types(runtime, resumed.id)
 
 
 def test_a_run_bound_to_a_connection_is_never_resumed_automatically(
@@ -314,3 +484,94 @@ def test_a_run_bound_to_a_connection_is_never_resumed_automatically(
     result = runtime.reconciler.scan_once(runtime.db.now())
 
     assert result.continued == {} and run_of(runtime, bound).error_type == "orphaned"
+
+
+def test_without_checkpointing_nothing_is_checkpointed_and_a_continuation_replays_nothing(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url, Workflows={"EnableCheckpointing": False})
+    first = start(runtime, "review", {"orderId": "A-1"})
+    assert runtime.executor.execute(first) == "Waiting"
+
+    # Then only the question is written: no node's result
+    with runtime.db.read() as session:
+        rows = session.scalars(select(WorkflowNode).where(WorkflowNode.run_id == first)).all()
+    assert [(row.node, row.kind, row.status) for row in rows] == [
+        ("approve-reply#1", "ask", "asked")
+    ]
+    assert types(runtime, first).count("WorkflowNodeCompleted") == 2
+
+    # When the person answers, the continuation runs every node again; the answer is kept
+    second = runtime.workflow_resumes.respond(
+        run_of(runtime, first), {"text": "send it"}, resumable=False
+    )
+    assert runtime.executor.execute(second.id) == "Completed"
+    assert run_of(runtime, second.id).output == {"result": {"reply": "A-1: send it"}}
+    assert workflows.ran == ["load-order", "load-order", "finish"]
+    replayed = [
+        e.data["node"] for e in runtime.runs.events(second.id) if e.type == "WorkflowNodeReplayed"
+    ]
+    assert replayed == ["approve-reply#1"]  # only the answer
+    children = [r for r in runtime.runs.tree(second.id, second.tenant_id) if r.id != second.id]
+    assert [r.agent for r in children] == ["demo"]  # the agent node ran again
+
+
+def test_without_checkpointing_an_operator_resume_runs_every_node_again(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    off = {"EnableCheckpointing": False}
+    runtime = runtime_for(make_runtime, sql_url, Workflows=off, AgentGraph={"MaxTotalCost": 0.5})
+    first = start(runtime, "paid", {"amount": 0.2})
+    _orphan(runtime, first)
+    runtime.runs.close_orphan(
+        run_of(runtime, first),
+        RunStatus.FAILED,
+        RunError("orphaned", ErrorClass.INFRASTRUCTURE, "closed by hand"),
+        runtime.db.now(),
+    )
+
+    raised = runtime_for(make_runtime, sql_url, Workflows=off, AgentGraph={"MaxTotalCost": 5})
+    failed = run_of(raised, first)
+    resumed = raised.workflow_resumes.resume(failed, resumable=False)
+    assert raised.executor.execute(resumed.id) == "Completed"
+    assert workflows.ran == ["first", "second", "store"]
+    assert "WorkflowNodeReplayed" not in types(raised, resumed.id)
+
+
+def test_a_database_failure_while_a_workflow_run_prepares_ends_the_run(
+    make_runtime: MakeRuntime, postgres_url: str | None
+) -> None:
+    # Given a claimed run, and the server dropping every idle connection as it prepares
+    # (a restart; `Database.OutageRetry` is 1 ms, so the outage outlasts it)
+    if postgres_url is None:
+        pytest.skip("no PostgreSQL server (set TRACON_TEST_POSTGRES_URL)")
+    database = {"Url": postgres_url, "OutageRetry": "00:00:00.001"}
+    runtime = runtime_for(make_runtime, postgres_url, Database=database)
+    run_id = start(runtime, "three-nodes", {})
+    claim, run, signal = _claimed(runtime, run_id)
+    runtime.runs.settle(claim)
+    outside = create_engine(postgres_url, poolclass=NullPool)  # not a connection of the pool
+    with outside.begin() as connection:
+        dropped = connection.execute(
+            text(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"  # and wait
+                " WHERE datname = current_database() AND state = 'idle'"
+                " AND pid <> pg_backend_pid()"
+            )
+        ).all()
+    outside.dispose()
+    assert dropped, "the pool held no idle connection to drop"
+
+    # When the runner prepares the run
+    status = runtime.workflow_runner.run(claim, run, signal)
+
+    # Then the run ends Failed with the error at once, instead of waiting for the orphan scan
+    assert status == "Failed"
+    failed = run_of(runtime, run_id)
+    assert (failed.status, failed.error_type, failed.error_class) == (
+        "Failed",
+        "database_error",
+        "Infrastructure",
+    )
+    assert "AdminShutdown" in (failed.error_message or "")  # the server's own error
+    assert workflows.ran == []

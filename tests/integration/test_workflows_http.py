@@ -14,6 +14,7 @@ from flask.testing import FlaskClient
 
 from tests import workflows
 from tests.helpers import MakeRuntime, ThreadWorker, auth, scripted_agent
+from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
@@ -219,3 +220,33 @@ def _all() -> Any:
     from tracon_jobs.runs.store import RunFilter
 
     return RunFilter()
+
+
+def test_whether_a_job_owns_a_continuation_is_decided_by_its_own_request(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    """A respond or resume under `Prefer: respond-async` is owned by a job (the orphan scan
+    attempts it again); one answered over SSE is bound to that connection, whatever the
+    request that started the chain was."""
+    key = key_of(runtime, "acme")
+    async_start = start_waiting(client, key)  # started with Prefer: respond-async
+
+    # When the answer comes over SSE, the run it starts is bound to that stream
+    streamed = client.post(
+        f"/api/workflows/runs/{async_start}/respond", json={"answer": 1}, headers=auth(key)
+    )
+    assert streamed.status_code == 200 and "event: RunCompleted" in streamed.get_data(True)
+    bound = streamed.headers["Location"].rsplit("/", 1)[-1]
+    assert runtime.runs.get(bound).resumable is False  # type: ignore[union-attr]
+
+    # And a run started over SSE, answered with Prefer: respond-async, is owned by a job
+    tenant = runtime.tenants.ensure_tenant("acme")
+    new = NewRun(tenant, "hundred", {}, kind="workflow", session_id="s", resumable=False)
+    sse_start = runtime.runs.create(new).id
+    assert runtime.executor.execute(sse_start) == "Waiting"
+    queued = client.post(
+        f"/api/workflows/runs/{sse_start}/respond", json={"answer": 1}, headers=auth(key, **ASYNC)
+    )
+    assert queued.status_code == 202
+    owned = wait_for(client, key, queued.get_json()["runId"], "Completed")
+    assert runtime.runs.get(owned["id"]).resumable is True  # type: ignore[union-attr]

@@ -225,7 +225,7 @@ def cmd_workflows_resume(args: argparse.Namespace, rest: list[str]) -> int:
     if run.kind != "workflow":
         raise CommandError(f"run '{args.run_id}' is not a workflow run")
     try:
-        resumed = runtime.workflow_resumes.resume(run)
+        resumed = runtime.workflow_resumes.resume(run, resumable=True)  # bound to no connection
     except ResumeConflict as conflict:
         raise CommandError(str(conflict)) from None
     print(resumed.id)

@@ -93,25 +93,31 @@ class Reconciler:
             result.continued[run.id] = continuation
 
     def _recover_job(self, run: Run, silent_since: datetime, result: ReconcileResult) -> None:
-        """A queued workflow run's job outlives its process: it resumes the run from its
-        latest checkpoint while it has attempts left, else fails the job."""
+        """A queued workflow run's job outlives its process: while it has attempts left it
+        attempts the run again, from the latest checkpoint with
+        `Workflows.ResumeInterruptedRuns`, else from the first node; then it fails."""
         assert self.jobs is not None
         if not self.jobs.has_attempts_left(run):
             self._close_exhausted(run, silent_since, result)
             return
-        error = RunError(
-            "interrupted",
-            ErrorClass.INFRASTRUCTURE,
-            "its process stopped mid-run; the job continues it from its latest checkpoint",
-        )
-        if not self.runs.close_orphan(run, RunStatus.FAILED, error, silent_since):
+        if not self.runs.close_orphan(run, RunStatus.FAILED, self._interrupted(), silent_since):
             return
         result.orphaned.append(run.id)
         closed = self.runs.get(run.id)
         assert closed is not None
-        resumed = self.jobs.resume(closed)
-        log.warning("workflow run %s interrupted; the job continues it in %s", run.id, resumed.id)
-        result.continued[run.id] = resumed.id
+        attempt = self.jobs.attempt_again(closed)
+        log.warning(
+            "workflow run %s interrupted; the job attempts it again in %s", run.id, attempt.id
+        )
+        result.continued[run.id] = attempt.id
+
+    def _interrupted(self) -> RunError:
+        assert self.jobs is not None
+        if self.jobs.resumes_from_checkpoints:
+            message = "its process stopped mid-run; the job continues it from its latest checkpoint"
+            return RunError("interrupted", ErrorClass.INFRASTRUCTURE, message)
+        message = "its process stopped mid-run; the job attempts the workflow again from the start"
+        return RunError(JOB_RESTARTED, ErrorClass.INFRASTRUCTURE, message)
 
     def _close_exhausted(self, run: Run, silent_since: datetime, result: ReconcileResult) -> None:
         error = RunError(
@@ -132,11 +138,15 @@ class Reconciler:
 
 
 JOB_ATTEMPTS_EXHAUSTED = "tracon.job.attempts-exhausted"
+JOB_RESTARTED = "restarted"  # the error type of a run whose job starts it again from the start
 
 
 class JobRecovery(Protocol):
     """Who owns a queued workflow run's job (the workflow package)."""
 
+    @property
+    def resumes_from_checkpoints(self) -> bool: ...
+
     def has_attempts_left(self, run: Run) -> bool: ...
 
-    def resume(self, run: Run) -> Run: ...
+    def attempt_again(self, run: Run) -> Run: ...

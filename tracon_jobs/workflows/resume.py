@@ -1,9 +1,14 @@
 """Starting the run that continues a workflow chain: a person's answer, an operator's resume,
-or the recovery of a run a job owned when its process died.
+or the job's next attempt at a run whose process died.
 
 Each continuation is a new run in the same session whose `continuedFromRunId` names the run
-it continues; its budget starts from everything the chain spent, and its replay answers
-every checkpointed node without running it.
+it continues; its budget starts from everything the chain spent. An answer, a resume, and
+a job attempt with `Workflows.ResumeInterruptedRuns` replay every checkpointed node without
+running it; a job attempt without it starts the workflow again from its first node (only
+the people's answers of the chain are kept: they are input, not results).
+
+`attempt` counts the job's attempts only: an answer and an operator's resume keep the
+attempt of the run they continue, so they never use up the job's automatic attempts.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class WorkflowResumes:
-    """Answers, operator resumes and recoveries of workflow runs."""
+    """Answers, operator resumes and job attempts of workflow runs."""
 
     def __init__(self, settings: Settings, store: WorkflowStore, dispatcher: RunDispatcher) -> None:
         self.settings = settings
@@ -40,14 +45,27 @@ class WorkflowResumes:
             return run.attempt - 1 < workflows.max_resume_attempts
         return run.attempt < self.settings.async_run.max_attempts
 
-    def respond(self, run: Run, answer: Any) -> Run:
-        """Answer the question `run` waits on; the answer returns from `ctx.ask` in the run
-        that continues it (`RequestConflict` when it waits for nothing)."""
-        return self._send(self.store.answer(run, answer, continuation(run)))
+    @property
+    def resumes_from_checkpoints(self) -> bool:
+        """Whether the job's next attempt continues from the latest checkpoint (else it starts
+        the workflow again from its first node)."""
+        return self.settings.workflows.resume_interrupted_runs
 
-    def resume(self, run: Run) -> Run:
+    def respond(self, run: Run, answer: Any, *, resumable: bool) -> Run:
+        """Answer the question `run` waits on; the answer returns from `ctx.ask` in the run
+        that continues it (`RequestConflict` when it waits for nothing). `resumable`: the
+        request that answers is bound to no connection (`Prefer: respond-async`)."""
+        new = continuation(run, run.attempt, resumable)
+        return self._send(self.store.answer(run, answer, new))
+
+    def resume(self, run: Run, *, resumable: bool) -> Run:
         """Resume a `Failed` workflow run from its latest checkpoint (`ResumeConflict` else)."""
-        return self._send(self.store.resume(run, continuation(run)))
+        return self._send(self.store.resume(run, continuation(run, run.attempt, resumable)))
+
+    def attempt_again(self, run: Run) -> Run:
+        """The job's next attempt at `run`, just closed after its process died: from the
+        latest checkpoint with `ResumeInterruptedRuns`, else from the start."""
+        return self._send(self.store.resume(run, continuation(run, run.attempt + 1, True)))
 
     def _send(self, run: Run) -> Run:
         try:
@@ -57,8 +75,8 @@ class WorkflowResumes:
         return run
 
 
-def continuation(run: Run) -> NewRun:
-    """The run that continues `run`: same workflow, input, session, owner of the job."""
+def continuation(run: Run, attempt: int, resumable: bool) -> NewRun:
+    """The run that continues `run`: same workflow, input and session."""
     return NewRun(
         tenant_id=run.tenant_id,
         agent=run.agent,
@@ -66,7 +84,7 @@ def continuation(run: Run) -> NewRun:
         input=run.input,
         session_id=run.session_id,
         continued_from_run_id=run.id,
-        attempt=run.attempt + 1,
+        attempt=attempt,
         currency=run.cost_currency,
-        resumable=run.resumable,
+        resumable=resumable,
     )

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import RunCanceled, RunTakenAway
@@ -85,6 +87,10 @@ class WorkflowRunner:
         except ChainUnreadable as exc:
             error = RunError("chain_unreadable", ErrorClass.INFRASTRUCTURE, str(exc))
             return self._finish(claim, RunStatus.FAILED, error=error)
+        except SQLAlchemyError as exc:  # outlasted `Database.OutageRetry`, or not an outage
+            log.exception("workflow run %s could not be prepared", run.id)
+            error = RunError("database_error", ErrorClass.INFRASTRUCTURE, _database_error(exc))
+            return self._finish(claim, RunStatus.FAILED, error=error)
         try:
             result = spec.function(WorkflowContext(execution), dict(run.input or {}))
             json.dumps(result)
@@ -112,10 +118,22 @@ class WorkflowRunner:
         limits = Limits.from_settings(self.settings.agent_graph)
         currency = self.settings.pricing.currency
         budget = open_budget(self.budgets, self.runs.db, limits, run, currency, self.quotas)
-        recorded = self.store.recorded(chain)
-        if not self.settings.workflows.enable_checkpointing:  # answers are input, not nodes
-            recorded = {node: hit for node, hit in recorded.items() if hit.kind == "ask"}
+        recorded = self._replayable(chain)
         return WorkflowExecution(self, claim, run, signal, budget, recorded, logical_id=chain[-1])
+
+    def _replayable(self, chain: list[str]) -> dict[str, Recorded]:
+        """What the replay answers: the people's answers of the whole chain (they are input,
+        not results), and the checkpoints of the runs since the job last started the
+        workflow again from its first node (none without `EnableCheckpointing`)."""
+        recorded = self.store.recorded(chain)
+        counted: set[str] = set()
+        if self.settings.workflows.enable_checkpointing:
+            counted = set(self.store.since_restart(chain))
+        return {
+            node: hit
+            for node, hit in recorded.items()
+            if hit.kind == "ask" or hit.run_id in counted
+        }
 
     def _finish(
         self,
@@ -171,9 +189,9 @@ class WorkflowExecution:
             return hit.value
         for attempt in range(1, retries + 2):
             self._ensure_live()
-            if not exempt:
-                self._gate_node(node)
             self._event("WorkflowNodeStarted", node=node, kind="step", attempt=attempt)
+            if not exempt:
+                self._stop_if_refused(node, attempt, self.budget.refuse_node())
             self.current = node
             try:
                 value = fn(*args, **kwargs)
@@ -195,11 +213,8 @@ class WorkflowExecution:
         if hit is not None:
             return str(hit.value)
         self._ensure_live()
-        refusal = self.budget.refuse_child(self.run.depth + 1)
-        if refusal is not None:
-            self._event("WorkflowNodeFailed", node=node, attempt=1, error=refusal.message)
-            raise WorkflowStop(_refused(node, refusal))
         self._event("WorkflowNodeStarted", node=node, kind="agent", agent=agent, attempt=1)
+        self._stop_if_refused(node, 1, self.budget.refuse_child(self.run.depth + 1))
         children = self.runner.children
         child_id = children.start(self.run, agent, message)
         outcome = children.answer(child_id, self.signal, self.runner.run_inline)
@@ -253,10 +268,12 @@ class WorkflowExecution:
         self.replayed.append(("WorkflowNodeReplayed", data))
         return hit
 
-    def _gate_node(self, node: str) -> None:
-        refusal = self.budget.refuse_node()
+    def _stop_if_refused(self, node: str, attempt: int, refusal: Refusal | None) -> None:
+        """A refused node is invoked, then fails (the reliability guide's events), without
+        its body running; a refusal is never retried."""
         if refusal is not None:
-            self._event("WorkflowNodeFailed", node=node, attempt=0, error=refusal.message)
+            data = {"node": node, "attempt": attempt, "error": refusal.message}
+            self._event("WorkflowNodeFailed", **data, refused=refusal.type)
             raise WorkflowStop(_refused(node, refusal))
 
     def _checkpoint(self, node: str, kind: str, value: Any, **extra: Any) -> None:
@@ -274,6 +291,11 @@ class WorkflowExecution:
     def _ensure_live(self) -> None:
         if self.signal.aborted:
             raise stopped(self.signal)
+
+
+def _database_error(exc: SQLAlchemyError) -> str:
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    return f"the database failed before the first node: {type(cause).__name__}: {cause}"
 
 
 def _refused(node: str, refusal: Refusal) -> RunError:

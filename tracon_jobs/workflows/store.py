@@ -20,6 +20,7 @@ from tracon_jobs.db.models import Run, WorkflowNode
 from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.runs.budget import MAX_CHAIN, ChainUnreadable
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
+from tracon_jobs.runs.reconcile import JOB_RESTARTED
 from tracon_jobs.runs.store import Event, NewRun, RunStore
 
 NODES = cast(Table, WorkflowNode.__table__)
@@ -84,6 +85,22 @@ class WorkflowStore:
                 row.node, row.kind, (row.result or {}).get("value"), row.run_id
             )
         return found
+
+    @rides_out_outages
+    def since_restart(self, run_ids: Sequence[str]) -> list[str]:
+        """The runs of the chain (newest first) whose checkpoints a replay answers from: those
+        after the newest run whose job attempted the workflow again from its first node."""
+        if len(run_ids) < 2:
+            return list(run_ids)
+        query = select(RUNS.c.id).where(
+            RUNS.c.id.in_(list(run_ids[1:])), RUNS.c.error_type == JOB_RESTARTED
+        )
+        with self.db.read() as session:
+            restarted = set(session.scalars(query))
+        for position, run_id in enumerate(run_ids):
+            if run_id in restarted:
+                return list(run_ids[:position])
+        return list(run_ids)
 
     def request_of(self, run_id: str) -> WorkflowNode | None:
         query = select(WorkflowNode).where(
