@@ -98,8 +98,11 @@ MAX_RESUME_ATTEMPTS_LIMIT: Final = 100
 # --- AsyncRun ------------------------------------------------------------------------------
 
 ASYNC_RUN_MAX_ATTEMPTS: Final = 1
-"""Attempts of a queued run's job; one, because a second attempt of a run is a continuation
-decision, not a broker redelivery."""
+"""Attempts of a queued workflow run's job while `Workflows.ResumeInterruptedRuns` is off: an
+interrupted attempt with one left starts the workflow again as a new run from its first node,
+the last fails `tracon.job.attempts-exhausted`; answers and operator resumes are no attempts.
+One, because a second attempt repeats the nodes that already ran. An orphaned agent run's next
+attempt is `RunContinuation`'s (its session, its tool ledger, its `MaxAttempts`): one owner."""
 
 # --- AgentGraph ----------------------------------------------------------------------------
 

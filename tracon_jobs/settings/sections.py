@@ -210,7 +210,7 @@ class WorkflowsSettings(ConfigModel):
 
 
 class AsyncRunSettings(ConfigModel):
-    """The job of a queued (`Prefer: respond-async`) run."""
+    """The job of a queued (`Prefer: respond-async`) workflow run."""
 
     max_attempts: AtLeastOne = defaults.ASYNC_RUN_MAX_ATTEMPTS
 
