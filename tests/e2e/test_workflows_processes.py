@@ -26,6 +26,7 @@ def start_in_node_two(
     sql_url: str,
     flags: Path,
     workflows: dict[str, Any],
+    **extra: Any,
 ) -> tuple[Cluster, Runtime, str]:
     """A queued `three-nodes` run on one worker (with beat), inside node 2 (60 s long)."""
     sections = scripted_agent([{"Text": "-"}]) | {
@@ -33,6 +34,7 @@ def start_in_node_two(
         "RunContinuation": {"Enabled": True},
         "WorkflowModules": ["tests.workflows"],
         "Workflows": workflows,
+        **extra,
     }
     cluster = make_cluster(sql_url, **sections)
     owner = cluster.worker("owner")
@@ -103,6 +105,34 @@ def test_without_resume_the_job_fails_with_its_attempts_exhausted(
     assert f"/api/workflows/runs/{run_id}/resume" in blocked.data["reason"]
     assert "RunContinued" not in types(runtime, run_id)
     assert len(lines(flags, "node-3")) == 0
+
+
+def test_without_resume_a_job_with_attempts_left_runs_the_workflow_again_from_the_start(
+    make_cluster: Callable[..., Cluster], make_runtime: MakeRuntime, sqlite_url: str, flags: Path
+) -> None:
+    _cluster, runtime, run_id = start_in_node_two(
+        make_cluster,
+        make_runtime,
+        sqlite_url,
+        flags,
+        {"EnableCheckpointing": True},
+        AsyncRun={"MaxAttempts": 2},
+    )
+
+    # Then the job attempts the workflow again, as a new run from its first node
+    wait_until(lambda: "RunContinued" in types(runtime, run_id), timeout=20, what="attempted")
+    interrupted = run_of(runtime, run_id)
+    assert (interrupted.status, interrupted.error_type) == ("Failed", "restarted")
+    again = next(
+        e.data["continuationRunId"] for e in runtime.runs.events(run_id) if e.type == "RunContinued"
+    )
+    wait_until(lambda: run_of(runtime, again).status == "Completed", timeout=30, what="completed")
+    assert run_of(runtime, again).attempt == 2
+    # node 1's checkpoint answers nothing: it ran again, like node 2; node 3 ran once
+    assert len(lines(flags, "node-1")) == 2 and len(lines(flags, "node-2")) == 2
+    assert len(lines(flags, "node-3")) == 1
+    assert "WorkflowNodeReplayed" not in types(runtime, again)
+    assert "JobFailed" not in types(runtime, run_id)
 
 
 def test_max_resume_attempts_zero_resumes_nothing(
