@@ -40,6 +40,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
 
+from tracon_jobs import fast_paths
+
 log = logging.getLogger(__name__)
 
 TRANSPORT = "tracon_jobs.broker:Transport"
@@ -52,6 +54,8 @@ def transport_for(url: str) -> str | None:
     `rediss://` is left to kombu: it turns TLS on by the URL's scheme, which a transport
     given by name would skip; sentinel URLs have a transport of their own.
     """
+    if not fast_paths.enabled("broker"):
+        return None  # kombu's own Redis transport
     return TRANSPORT if url.startswith("redis://") else None
 
 

@@ -20,6 +20,7 @@ from celery import Celery
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tracon_jobs import fast_paths
 from tracon_jobs.agents.tools import ToolRegistry
 from tracon_jobs.agents.tools import registry as default_tools
 from tracon_jobs.celery_app import CONTROL_QUEUE, Describe, create_celery, describe_runs
@@ -107,7 +108,8 @@ class Runtime:
 
     @cached_property
     def _celery_send(self) -> Sender:
-        return celery_sender(self.celery, labels=self._labels_of, client=self.redis)
+        client = self.redis if fast_paths.enabled("envelope") else None  # else Celery's `send_task`
+        return celery_sender(self.celery, labels=self._labels_of, client=client)
 
     def _labels_of(self, run_id: str) -> tuple[str, str] | None:
         """(agent, tenant name) a run's message shows in Flower: from the submission this

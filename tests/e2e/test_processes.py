@@ -123,9 +123,12 @@ def test_killed_worker_prefetched_run_is_resent_and_completed_by_another(
     assert status_of(runtime, busy) == "Running"
 
 
+@pytest.mark.parametrize("fast_paths", ["on", "off"])
 def test_submit_over_http_to_real_web_and_worker_processes(
-    make_cluster: Callable[..., Cluster], make_runtime: MakeRuntime, sql_url: str
+    make_cluster: Callable[..., Cluster], make_runtime: MakeRuntime, sql_url: str, fast_paths: str
 ) -> None:
+    """The same answers whether the processes take their fast paths or every library's own
+    path (`TRACON_FAST_PATHS`, docs/internals.md)."""
     sections = scripted_agent(
         [
             {"ToolCalls": [{"Name": "lookup_order", "Arguments": {"order_id": "Z-9"}}]},
@@ -134,6 +137,7 @@ def test_submit_over_http_to_real_web_and_worker_processes(
         ["lookup_order"],
     )
     cluster = make_cluster(sql_url, **sections)
+    cluster.env["TRACON_FAST_PATHS"] = fast_paths
     cluster.worker("w1")
     web, base = cluster.web()
     runtime = make_runtime(sql_url, **sections)

@@ -118,13 +118,27 @@ def test_domain_code_never_takes_the_composition_root() -> None:
     assert bag == []
 
 
+SWITCHES = {"tracon_jobs.fast_paths"}
+"""Read by every layer: the process's own switches, importing nothing but `errors`."""
+
+
 def test_coordination_is_redis_only() -> None:
     outside = {
-        name: sorted(t for t in targets if not t.startswith("tracon_jobs.coordination"))
+        name: sorted(
+            t for t in targets if not t.startswith("tracon_jobs.coordination") and t not in SWITCHES
+        )
         for name, targets in graph().items()
         if name.startswith("tracon_jobs.coordination")
     }
     assert {name: found for name, found in outside.items() if found} == {}
+
+
+def test_the_switches_import_nothing_but_errors() -> None:
+    edges = graph()
+    assert {name: sorted(edges[name]) for name in SWITCHES} == {
+        name: ["tracon_jobs.errors"] for name in SWITCHES
+    }
+    assert edges["tracon_jobs.errors"] == set()
 
 
 def test_the_reader_sees_a_circle_when_there_is_one() -> None:

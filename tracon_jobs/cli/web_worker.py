@@ -31,6 +31,7 @@ from gunicorn.http import wsgi
 from gunicorn.workers.base import Worker
 from gunicorn.workers.gthread import ThreadWorker
 
+from tracon_jobs import fast_paths
 from tracon_jobs.handoff import HANDOFF, Handoff
 from tracon_jobs.startup import freeze_startup_objects
 
@@ -110,6 +111,8 @@ class ProblemThreadWorker(ThreadWorker):
         answered by the same thread instead, without those hand-offs; a client that sends
         nothing within `NEXT_REQUEST_WAIT` goes back to the poller as before."""
         keepalive = super().handle(conn)
+        if not fast_paths.enabled("keepalive"):
+            return keepalive
         while keepalive is True and self.alive and _next_request_soon(conn):
             keepalive = super().handle(conn)
         return keepalive

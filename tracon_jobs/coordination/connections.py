@@ -25,6 +25,8 @@ import redis
 from hiredis import pack_command
 from redis.connection import ConnectionPool, HiredisRespSerializer
 
+from tracon_jobs import fast_paths
+
 
 class _Lease:
     """A pool's connection taken by one thread; released when the thread lets go of it."""
@@ -74,7 +76,9 @@ def _packed(connection: Any, args: tuple[Any, ...]) -> list[bytes] | None:
 
 def command(client: redis.Redis, *args: Any) -> Any:
     """`client.execute_command(*args)` for a command with no response callback (EVALSHA,
-    LPUSH): the server's reply as it is."""
+    LPUSH): the server's reply as it is (by that very call without fast paths)."""
+    if not fast_paths.enabled("redis"):
+        return client.execute_command(*args)
     connection = _connection(client)
     packed = _packed(connection, args)
 

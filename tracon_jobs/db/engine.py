@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
+from tracon_jobs import fast_paths
 from tracon_jobs.db.hot import FastConnection
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -135,7 +136,9 @@ class Database:
     def _core(self, engine: Engine) -> Connection:
         """A Core connection of `engine`; on SQLite, one that runs the store's `hot`
         statements straight on the driver (`db/hot.py`)."""
-        return FastConnection(engine) if self.is_sqlite else engine.connect()
+        if self.is_sqlite and fast_paths.enabled("sqlite"):
+            return FastConnection(engine)
+        return engine.connect()
 
     def _one_writer(self) -> AbstractContextManager[Any]:
         """SQLite: this process's write transactions queue on a lock of its own.
