@@ -4,7 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint types all bench clean
+.PHONY: help run test test-fast lint format types all bench clean
+
+help:  # the targets, each with what it does
+	@grep -E '^[a-z-]+:.*#' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):[^#]*# */  make \1\t/' | expand -t 20
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,26 +15,30 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)  # make run PORT=8001 FLOWER_PORT=5556, or ARGS="--port 8001"
+run: $(STAMP)  # the whole system on this machine; PORT=8001 FLOWER_PORT=5556, or ARGS="--port 8001"
 	$(BIN)/tracon-jobs dev $(if $(PORT),--port $(PORT)) $(if $(FLOWER_PORT),--flower-port $(FLOWER_PORT)) $(ARGS)
 
-test: $(STAMP)  # two test processes: most of the real-process tests wait, not compute
+test: $(STAMP)  # the whole suite in two processes (most real-process tests wait, not compute)
 	$(BIN)/python -m pytest -q -n 2
 
-test-fast: $(STAMP)
+test-fast: $(STAMP)  # the suite without the real-process tests
 	$(BIN)/python -m pytest -q -m "not e2e"
 
-lint: $(STAMP)
+lint: $(STAMP)  # ruff's checks and its format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-types: $(STAMP)
+format: $(STAMP)  # fix what lint finds that ruff can fix, and format the code
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+types: $(STAMP)  # mypy, strict
 	$(BIN)/mypy
 
-all: lint types test
+all: lint types test  # before a commit
 
-bench: $(STAMP)  # every benchmark, then a summary; make bench BENCH="b2_inflight b3_coordination"
+bench: $(STAMP)  # every benchmark, then a summary; BENCH="b2_inflight b3_coordination" for some
 	$(BIN)/python -m bench $(BENCH)
 
-clean:
+clean:  # remove var/ and the tools' caches
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache
