@@ -118,7 +118,8 @@ def machine(tmp_path: Path) -> Machine:
 
 
 def test_on_this_machine_a_postgresql_that_answers_is_left_as_it_is() -> None:
-    if subprocess.run(["pg_isready", "-h", "127.0.0.1", "-q"], check=False).returncode != 0:
+    ready = shutil.which("pg_isready")
+    if ready is None or subprocess.run([ready, "-h", "127.0.0.1", "-q"], check=False).returncode:
         pytest.skip("no PostgreSQL answering on 127.0.0.1:5432 here")
     done = subprocess.run([str(SCRIPT), "postgresql"], capture_output=True, text=True, timeout=30)
 
