@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,53 +144,84 @@ class Continuations:
 
 @dataclass
 class ChainLedger:
-    """The recorded outcomes of the runs a continuation continues, consumed in order."""
+    """What the runs a continuation continues recorded: the outcome of each call they
+    completed, and the idempotency key of each call whose outcome is still unknown."""
 
-    recorded: dict[CallKey, deque[tuple[str, ToolOutcome]]] = field(default_factory=dict)
+    recorded: dict[CallKey, list[tuple[str, ToolOutcome]]] = field(default_factory=dict)
     in_flight: dict[CallKey, deque[str]] = field(default_factory=dict)  # idempotency keys
     run_ids: list[str] = field(default_factory=list)  # the runs continued, newest first
 
-    def has(self, key: CallKey) -> bool:
-        """Whether `answer(key)` would answer, without using the answer up."""
-        return bool(self.recorded.get(key))
+    def first(
+        self, key: CallKey, taken: Collection[str] = frozenset()
+    ) -> tuple[str, ToolOutcome] | None:
+        """The first completed execution of this call (execution id, outcome) that is not
+        in `taken`: each answers one call of a conversation at most."""
+        for execution_id, outcome in self.recorded.get(key, ()):
+            if execution_id not in taken:
+                return execution_id, outcome
+        return None
 
-    def unrepeated(self, calls: set[CallKey]) -> list[CallKey]:
-        """In-flight calls of the chain that `calls` (the turn after every recorded call was
-        answered) does not repeat: the reliability guide stops the continuation for them."""
-        if any(self.recorded.values()):
-            return []  # the replay has not reached the turn the chain stopped in yet
+    def replays(self, calls: Sequence[CallKey], taken: Collection[str] = frozenset()) -> bool:
+        """Whether the chain's record answers every one of `calls` (a turn the chain
+        completed, asked again)."""
+        used = set(taken)
+        for key in calls:
+            found = self.first(key, used)
+            if found is None:
+                return False
+            used.add(found[0])
+        return True
+
+    def unrepeated(
+        self, calls: Sequence[CallKey], taken: Collection[str] = frozenset()
+    ) -> list[CallKey]:
+        """The calls in flight that a turn of `calls` leaves out, once that turn goes past
+        the record (a call the chain has no answer for, or no call at all: the answer). The
+        reliability guide stops the continuation for them, whatever turns came before."""
+        if calls and self.replays(calls, taken):
+            return []
         return [key for key, keys in self.in_flight.items() if keys and key not in calls]
 
-    def answer(self, key: CallKey) -> tuple[str, ToolOutcome] | None:
-        queue = self.recorded.get(key)
-        return queue.popleft() if queue else None
-
     def key_for(self, key: CallKey) -> str | None:
+        """The idempotency key a repeat of a call in flight runs with (each used once)."""
         queue = self.in_flight.get(key)
         return queue.popleft() if queue else None
 
 
 def chain_ledger(db: Database, run: Run) -> ChainLedger:
+    """The chain's ledger as `run` reads it: a call in flight in one run of the chain and
+    resolved (repeated with its key) in a later one, or by `run` itself before it waited
+    for a person, is resolved; a call in flight in several runs is one call."""
     ledger = ChainLedger()
     if run.continued_from_run_id is None:
         return ledger
     first = run.continued_from_run_id
     ledger.run_ids = retry_outages(db, lambda: _chain(db, first), "reading a chain")
-    rows = retry_outages(db, lambda: ledger_rows(db, ledger.run_ids), "reading a chain's ledger")
+    runs = [*ledger.run_ids, run.id]
+    rows = retry_outages(db, lambda: ledger_rows(db, runs), "reading a chain's ledger")
+    resolved = {row.idempotency_key for row in rows if row.status != "started"}
+    resolved |= {row.idempotency_key for row in rows if row.run_id == run.id}
+    unknown: dict[str, CallKey] = {}
     for row in rows:
         key = (row.tool, row.args_hash)
         if row.status == "started":
-            ledger.in_flight.setdefault(key, deque()).append(row.idempotency_key)
-            continue
-        outcome = ToolOutcome(
-            ok=row.status == "succeeded",
-            result=(row.result or {}).get("value"),
-            error_code=row.error_code,
-            error_message=row.error_message,
-            attempts=row.attempt,
-        )
-        ledger.recorded.setdefault(key, deque()).append((row.execution_id, outcome))
+            if row.idempotency_key not in resolved:
+                unknown.setdefault(row.idempotency_key, key)
+        elif row.run_id != run.id:
+            ledger.recorded.setdefault(key, []).append((row.execution_id, _outcome(row)))
+    for idempotency_key, key in unknown.items():
+        ledger.in_flight.setdefault(key, deque()).append(idempotency_key)
     return ledger
+
+
+def _outcome(row: ToolCallRecord) -> ToolOutcome:
+    return ToolOutcome(
+        ok=row.status == "succeeded",
+        result=(row.result or {}).get("value"),
+        error_code=row.error_code,
+        error_message=row.error_message,
+        attempts=row.attempt,
+    )
 
 
 def _chain(db: Database, first: str) -> list[str]:

@@ -88,7 +88,7 @@ class Execution:
     chain: ChainLedger = field(default_factory=ChainLedger)  # what a continued run recorded
     budget: TreeBudget | None = None
     link_first_call: int = 0  # the first ledger turn of the current fallback link
-    answered: set[str] = field(default_factory=set)  # executions the ledger already answered
+    answered: dict[int, set[str]] = field(default_factory=dict)  # link: recorded answers used
     pending_spend: tuple[TurnSpend, dict[str, Any]] | None = None  # the answer's, not yet written
 
     def ensure_live(self) -> None:

@@ -1,26 +1,32 @@
-"""Answering the tool calls of one model turn, each through the ledger.
+"""Answering the tool calls of one model turn, each through the ledger, by these steps in
+this order (the first that answers ends the call):
 
-    ledger answer (continuation chain | earlier fallback link)
-      | budget gate -> approval (where the tool asks) -> ledger `started` -> attempts
-        under the retry policy -> outcome
+    a recorded answer: the continuation chain's, then an earlier fallback link's
+      | the tenant's quota and the tree's budget (a refusal)
+      | an approval (where the tool asks for one) -> ledger `started` -> attempts under
+        the retry policy -> outcome
 
-A call to an agent is a child run of the tree (see `subagents`). Every outcome, refusals
+Whether a turn must wait for a person is read from the same steps, before any call of the
+turn runs: a call waits only when it would reach the approval step and has no approval. A
+call to an agent is a child run of the tree (see `subagents`). Every outcome, refusals
 included, is committed to the ledger before the model reads it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from tracon_jobs import logs
 from tracon_jobs.agents.tools import ToolContext, ToolSpec
 from tracon_jobs.db.models import Approval
 from tracon_jobs.errors import RunTakenAway, ToolCanceledError, ToolError
 from tracon_jobs.providers.base import Message, ToolCall
+from tracon_jobs.resilience.budgets import Refusal
 from tracon_jobs.runs.approvals import ApprovalRequest, ApprovalStatus, ApprovalStore
 from tracon_jobs.runs.execution import Execution, Link, RunFailure
 from tracon_jobs.runs.ledger import ApprovalUsed, Ledger, ToolOutcome, arguments_hash
@@ -46,6 +52,29 @@ _DECLINED = {
     ),
     ApprovalStatus.CANCELED.value: ("approval_canceled", "the approval was canceled"),
 }
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An earlier execution of the same call answers it, instead of the body running again."""
+
+    execution_id: str
+    outcome: ToolOutcome
+    source: Literal["continuation", "fallback"]  # the chain's record, or an earlier link's
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What stands between a call with no recorded answer and its body."""
+
+    refusal: Refusal | None = None  # the tenant's quota or the tree's budget refuses it
+    gated: bool = False  # the tool waits for a person
+    approval: Approval | None = None  # the approval found for it, whatever its state
+
+    @property
+    def asks(self) -> bool:
+        """Whether the call waits for a person: it reaches its approval, and has none."""
+        return self.refusal is None and self.gated and self.approval is None
 
 
 class ToolCalls:
@@ -79,61 +108,136 @@ class ToolCalls:
         (then every call passes the budget gate before any reports its spend, the hazard the
         reliability guide names for concurrent tool calls). Raises `WaitingForPerson` before
         any call runs when some call still needs an approval."""
-        stop_unless_repeated(ex, calls)
-        self._ask_for_approvals(ex, call_no, calls)
+        stop_unless_repeated(ex, calls, self._taken(ex, link))
+        plan = self._plan(ex, link, call_no, calls)
         if not self.concurrent or len(calls) < 2:
             results = []
-            for call in calls:
+            for call, recorded in zip(calls, plan, strict=True):
                 ex.ensure_live()
-                results.append(self.answer(ex, link, call_no, call))
+                results.append(self.answer(ex, call_no, call, recorded))
             return results
         ex.ensure_live()
         with ThreadPoolExecutor(len(calls), thread_name_prefix="tool-call") as pool:
-            answer = logs.carry(lambda call: self.answer(ex, link, call_no, call))
-            return list(pool.map(answer, calls))
+            answer = logs.carry(lambda planned: self.answer(ex, call_no, *planned))
+            return list(pool.map(answer, zip(calls, plan, strict=True)))
 
-    def answer(self, ex: Execution, link: Link, call_no: int, call: ToolCall) -> Message:
+    def answer(
+        self, ex: Execution, call_no: int, call: ToolCall, recorded: Recorded | None = None
+    ) -> Message:
+        """One call: its recorded answer when the turn's plan found one, else the gates,
+        then the body."""
         arguments, parse_error = parse_arguments(call.arguments)
         spec = ex.tools.get(call.name)
-        outcome = None
-        if spec is None and call.name in ex.agent.sub_agents:
+        if _calls_an_agent(ex, call):
             outcome = self._call_agent(ex, call_no, call, arguments, parse_error)
-            return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
-        if parse_error is None and spec is not None:
-            outcome = self._answer_from_chain(ex, call, arguments)
-        if outcome is None and link.position > 0 and parse_error is None and spec is not None:
-            outcome = self._answer_from_ledger(ex, call, arguments)
-        if outcome is None and spec is not None and parse_error is None:
-            outcome = self._refused_by_budget(ex, call_no, call, arguments)
-        approval = None
-        if outcome is None and spec is not None and parse_error is None and gated(ex, spec):
-            approval, outcome = self._approval(ex, call_no, call, arguments)
-        if outcome is None:
-            outcome = self._execute(ex, call_no, call, spec, arguments, parse_error, approval)
+        elif recorded is not None:
+            outcome = self._answer_from_record(ex, call, recorded)
+        elif spec is None or parse_error is not None:
+            outcome = self._execute(ex, call_no, call, spec, arguments, parse_error)
+        else:
+            outcome = self._through_gates(ex, call_no, call, arguments, spec)
         return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
 
-    # -- approvals ---------------------------------------------------------------------------
+    # -- the steps, in order -----------------------------------------------------------------
 
-    def _ask_for_approvals(self, ex: Execution, call_no: int, calls: list[ToolCall]) -> None:
-        """Ask a person for every gated call of the turn that has no approval yet."""
+    def _plan(
+        self, ex: Execution, link: Link, call_no: int, calls: list[ToolCall]
+    ) -> list[Recorded | None]:
+        """Each call's recorded answer (None: it goes on to the gates), and whether the turn
+        waits: a call waits for a person only when no recorded answer and no refusal comes
+        first (only a gated tool reads its gates here: the others cannot wait). Raises
+        `WaitingForPerson`, before anything of the turn runs, when one does."""
+        taken = set(self._taken(ex, link))
+        plan: list[Recorded | None] = []
         requests = []
         for call in calls:
-            spec = ex.tools.get(call.name)
             arguments, parse_error = parse_arguments(call.arguments)
-            if spec is None or parse_error is not None or not gated(ex, spec):
-                continue
-            if self._find_approval(ex, call_no, call, arguments) is not None:
-                continue
-            if ex.chain.has((call.name, arguments_hash(arguments))):
-                continue  # answered from the chain's ledger, never run again
-            if ex.tree_budget().refuse_tool_call() is not None:
-                continue  # refused at its turn, with nothing to approve
-            request = ApprovalRequest(
-                call_no, call.id, call.name, arguments, arguments_hash(arguments)
-            )
-            requests.append(request)
+            spec = ex.tools.get(call.name)
+            recorded = None
+            if spec is not None and parse_error is None:
+                recorded = self._recorded(ex, link, call, arguments, taken)
+                if recorded is not None:
+                    taken.add(recorded.execution_id)
+                elif gated(ex, spec) and self._gate(ex, call_no, call, arguments, spec).asks:
+                    requests.append(
+                        ApprovalRequest(
+                            call_no, call.id, call.name, arguments, arguments_hash(arguments)
+                        )
+                    )
+            plan.append(recorded)
         if requests:
             raise WaitingForPerson(requests)
+        self._taken(ex, link).update(taken)
+        return plan
+
+    def _recorded(
+        self,
+        ex: Execution,
+        link: Link,
+        call: ToolCall,
+        arguments: dict[str, Any],
+        taken: set[str],
+    ) -> Recorded | None:
+        """A call the interrupted chain completed, then (on a fallback link) one an earlier
+        link of this turn completed, is answered, not rerun; each of their executions
+        answers one call of a link's conversation at most (a repeat is a new execution)."""
+        args_hash = arguments_hash(arguments)
+        found = ex.chain.first((call.name, args_hash), taken)
+        if found is not None:
+            return Recorded(*found, source="continuation")
+        if link.position == 0:
+            return None
+        found = self.ledger.completed(
+            ex.claim.run_id,
+            call.name,
+            args_hash,
+            turns=(ex.first_call, ex.link_first_call),
+            exclude=frozenset(taken),
+        )
+        return None if found is None else Recorded(*found, source="fallback")
+
+    def _gate(
+        self,
+        ex: Execution,
+        call_no: int,
+        call: ToolCall,
+        arguments: dict[str, Any],
+        spec: ToolSpec,
+    ) -> Gate:
+        """The tenant's quota and the tree's budget first (a spent tree does not start a
+        tool, nor ask a person about one), then the approval where the tool asks for one."""
+        refusal = ex.tree_budget().refuse_tool_call()
+        if refusal is not None:
+            return Gate(refusal=refusal)
+        if not gated(ex, spec):
+            return Gate()
+        return Gate(gated=True, approval=self._find_approval(ex, call_no, call, arguments))
+
+    def _through_gates(
+        self,
+        ex: Execution,
+        call_no: int,
+        call: ToolCall,
+        arguments: dict[str, Any],
+        spec: ToolSpec,
+    ) -> ToolOutcome:
+        """The gates read again at the call's own turn (an earlier call of the turn may
+        have spent the budget), then the body."""
+        gate = self._gate(ex, call_no, call, arguments, spec)
+        if gate.refusal is not None:
+            return self._refused_by_budget(ex, call_no, call, arguments, gate.refusal)
+        approval = None
+        if gate.gated:
+            approval, refused = self._approval(ex, call_no, call, arguments, gate.approval)
+            if refused is not None:
+                return refused
+        return self._execute(ex, call_no, call, spec, arguments, None, approval)
+
+    def _taken(self, ex: Execution, link: Link) -> set[str]:
+        """The recorded executions that already answered a call of this link's conversation."""
+        return ex.answered.setdefault(link.position, set())
+
+    # -- approvals ---------------------------------------------------------------------------
 
     def _find_approval(
         self, ex: Execution, call_no: int, call: ToolCall, arguments: dict[str, Any]
@@ -147,10 +251,14 @@ class ToolCalls:
         return found
 
     def _approval(
-        self, ex: Execution, call_no: int, call: ToolCall, arguments: dict[str, Any]
+        self,
+        ex: Execution,
+        call_no: int,
+        call: ToolCall,
+        arguments: dict[str, Any],
+        approval: Approval | None,
     ) -> tuple[Approval | None, ToolOutcome | None]:
         """An approval to consume, or the outcome the model reads instead of the body."""
-        approval = self._find_approval(ex, call_no, call, arguments)
         if approval is not None and approval.status == ApprovalStatus.APPROVED.value:
             if approval.consumed_at is None:
                 return approval, None
@@ -198,12 +306,14 @@ class ToolCalls:
         return outcome
 
     def _refused_by_budget(
-        self, ex: Execution, call_no: int, call: ToolCall, arguments: dict[str, Any]
-    ) -> ToolOutcome | None:
+        self,
+        ex: Execution,
+        call_no: int,
+        call: ToolCall,
+        arguments: dict[str, Any],
+        refusal: Refusal,
+    ) -> ToolOutcome:
         """A spent tree does not start a tool: nothing would read its result."""
-        refusal = ex.tree_budget().refuse_tool_call()
-        if refusal is None:
-            return None
         outcome = ToolOutcome(
             ok=False,
             error_code=refusal.tool_code,
@@ -226,49 +336,17 @@ class ToolCalls:
         ex.tree_budget().spent(released=0, tokens=0, cost=value, unknown=False)
         self.runs.add_cost(ex.claim, value, data)
 
-    def _answer_from_chain(
-        self, ex: Execution, call: ToolCall, arguments: dict[str, Any]
-    ) -> ToolOutcome | None:
-        """In a continuation, a call the interrupted chain completed is answered, not rerun."""
-        found = ex.chain.answer((call.name, arguments_hash(arguments)))
-        if found is None:
-            return None
-        execution_id, outcome = found
-        data = {
+    def _answer_from_record(self, ex: Execution, call: ToolCall, recorded: Recorded) -> ToolOutcome:
+        data: dict[str, Any] = {
             "tool": call.name,
             "callId": call.id,
-            "executionId": execution_id,
-            "source": "continuation",
-            "continuedFromRunId": ex.run.continued_from_run_id,
+            "executionId": recorded.execution_id,
         }
+        if recorded.source == "continuation":
+            data["source"] = "continuation"
+            data["continuedFromRunId"] = ex.run.continued_from_run_id
         self.runs.append(ex.claim, "ToolCallAnsweredFromLedger", data)
-        return outcome
-
-    def _answer_from_ledger(
-        self, ex: Execution, call: ToolCall, arguments: dict[str, Any]
-    ) -> ToolOutcome | None:
-        """On a fallback link, a call an earlier link of this turn completed is not rerun.
-
-        Only calls of the earlier links count (a repeat within one link is a new execution),
-        and each of their executions answers at most once.
-        """
-        found = self.ledger.completed(
-            ex.claim.run_id,
-            call.name,
-            arguments_hash(arguments),
-            turns=(ex.first_call, ex.link_first_call),
-            exclude=frozenset(ex.answered),
-        )
-        if found is None:
-            return None
-        execution_id, outcome = found
-        ex.answered.add(execution_id)
-        self.runs.append(
-            ex.claim,
-            "ToolCallAnsweredFromLedger",
-            {"tool": call.name, "callId": call.id, "executionId": execution_id},
-        )
-        return outcome
+        return recorded.outcome
 
     def _execute(
         self,
@@ -360,11 +438,21 @@ class ToolCalls:
         return ToolOutcome(ok=True, result=done.result, attempts=done.attempts)
 
 
-def stop_unless_repeated(ex: Execution, calls: list[ToolCall]) -> None:
+def stop_unless_repeated(
+    ex: Execution, calls: list[ToolCall], taken: Collection[str] = frozenset()
+) -> None:
     """A continuation goes on only while the model repeats, with the same arguments, each
-    call the interrupted run had in flight (its outcome unknown); else it stops here."""
-    keys = {(call.name, arguments_hash(parse_arguments(call.arguments)[0])) for call in calls}
-    missing = ex.chain.unrepeated(keys)
+    call the interrupted chain had in flight (its outcome unknown) in the first turn that
+    asks for anything the chain has no record of (or answers); else it stops there, before
+    that turn runs. A sub-agent call neither keeps nor leaves the record: it runs again."""
+    keys = [
+        (call.name, arguments_hash(parse_arguments(call.arguments)[0]))
+        for call in calls
+        if not _calls_an_agent(ex, call)
+    ]
+    if calls and not keys:
+        return
+    missing = ex.chain.unrepeated(keys, taken)
     if missing:
         tool, _hash = missing[0]
         raise RunFailure(
@@ -376,6 +464,10 @@ def stop_unless_repeated(ex: Execution, calls: list[ToolCall]) -> None:
             ),
             blocked={"tool": tool, "reason": "in-flight call not repeated"},
         )
+
+
+def _calls_an_agent(ex: Execution, call: ToolCall) -> bool:
+    return call.name not in ex.tools and call.name in ex.agent.sub_agents
 
 
 def gated(ex: Execution, spec: ToolSpec) -> bool:
