@@ -36,7 +36,7 @@ def chain_runtime(
 ) -> Runtime:
     """Continuation on, twice per chain, for agent `demo` on `script` (then on `fallback`
     after a transient failure), with sub-agent `helper`."""
-    config = scripted_agent(script, ["record_step", "slow_step", "lookup_order"])
+    config = scripted_agent(script, ["record_step", "slow_step", "lookup_order", "close_account"])
     config["Providers"]["helper"] = {"Kind": "scripted", "Script": [{"Text": "helped"}]}
     config["Agents"]["helper"] = {"Model": {"provider": "helper", "model": "demo-model"}}
     config["Agents"]["demo"]["SubAgents"] = ["helper"]
@@ -207,6 +207,30 @@ def test_a_continuation_that_leaves_the_record_without_the_call_in_flight_stops(
     ]
     assert blocked[0]["tool"] == "slow_step"
     assert tools.calls == [], "nothing past the record ran"
+
+
+def test_a_continuation_that_repeated_the_call_then_waited_for_a_person_goes_on(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    # Given a continuation that repeated the call in flight, then stopped `Waiting` for the
+    # approval of a gated call
+    close: dict[str, Any] = {"Name": "close_account", "Arguments": {"account": "acc-1"}}
+    script: Script = [{"ToolCalls": [SLOW]}, {"ToolCalls": [close]}, {"Text": "all done"}]
+    runtime = chain_runtime(make_runtime, sql_url, script)
+    orphan = new_run(runtime, session_id="s1")
+    start(runtime, killed_in(runtime, orphan.id), 0, SLOW)
+    continuation_id = continued(runtime, orphan.id)
+    assert runtime.executor.execute(continuation_id) == "Waiting"
+    [approval_id] = runtime.approval_store.pending_ids(continuation_id)
+
+    # When the person approves and it resumes in the turn it waited in
+    runtime.approvals.decide(runtime.tenants.ensure_tenant("acme"), approval_id, True)
+    runtime.executor.execute(continuation_id)
+
+    # Then the call it repeated before waiting is no longer in flight: the run completes
+    status = ended(runtime, continuation_id)
+    assert status == ("Completed", None), run_of(runtime, continuation_id).error_message
+    assert [name for name, _arguments in tools.calls] == ["close_account"]
 
 
 def test_a_sub_agent_call_the_chain_completed_does_not_stop_its_replay(

@@ -78,7 +78,7 @@ class Gate:
 
 
 class ToolCalls:
-    """Runs a turn's tool calls: ledger first, then the budget gate, then the body."""
+    """Runs a turn's tool calls: a recorded answer first, then the gates, then the body."""
 
     def __init__(
         self,
