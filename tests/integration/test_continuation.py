@@ -199,8 +199,8 @@ def test_a_continuation_that_leaves_the_record_without_the_call_in_flight_stops(
 
     # Then it stops right there, naming the call in flight, and runs nothing
     assert ended(runtime, continuation_id) == ("Failed", "continuation_blocked"), (
-        f"the continuation ran {[name for name, _arguments in tools.calls]} and never "
-        "repeated slow_step"
+        f"the continuation went on: it ran {[name for name, _arguments in tools.calls]} "
+        "without repeating slow_step first"
     )
     blocked = [
         e.data for e in runtime.runs.events(continuation_id) if e.type == "RunContinuationBlocked"
