@@ -17,7 +17,7 @@ from tracon_jobs.errors import ProviderError, RunCanceled, RunTakenAway
 from tracon_jobs.providers.base import Provider
 from tracon_jobs.runs.budget import TreeBudget
 from tracon_jobs.runs.continuation import ChainLedger
-from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError
+from tracon_jobs.runs.lifecycle import AnyClaim, ErrorClass, RunError
 from tracon_jobs.runs.live import CANCELED, TAKEN_AWAY
 from tracon_jobs.settings import AgentSettings
 
@@ -77,7 +77,7 @@ class LinkRejected(Exception):
 class Execution:
     """What one execution of a claimed run carries from step to step."""
 
-    claim: Claim
+    claim: AnyClaim  # read, then made by the run store's first write; `runs.settle` for the rest
     run: Run
     agent: AgentSettings
     tools: dict[str, ToolSpec]

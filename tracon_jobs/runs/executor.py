@@ -67,7 +67,7 @@ from tracon_jobs.runs.execution import (
     stopped,
 )
 from tracon_jobs.runs.ledger import Ledger
-from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
+from tracon_jobs.runs.lifecycle import AnyClaim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import CANCELED, LiveRuns
 from tracon_jobs.runs.quota import OwnQuota, Quotas
 from tracon_jobs.runs.retries import Sleep
@@ -164,7 +164,7 @@ class RunExecutor:
         finally:
             self.runs.let_go(claim)
 
-    def _execute_claimed(self, claim: Claim, run: Run, own_quota: OwnQuota | None = None) -> str:
+    def _execute_claimed(self, claim: AnyClaim, run: Run, own_quota: OwnQuota | None = None) -> str:
         run_id = claim.run_id
         unknown = self._unknown_here(run)
         if unknown is not None:
@@ -195,7 +195,7 @@ class RunExecutor:
         missing = [name for name in agent.tools if self.tools.get(name) is None]
         return f"tool '{missing[0]}' (of agent '{run.agent}')" if missing else None
 
-    def _leave_for_another_worker(self, claim: Claim, run: Run, unknown: str) -> str:
+    def _leave_for_another_worker(self, claim: AnyClaim, run: Run, unknown: str) -> str:
         """Release a run this worker cannot execute; fail it once nobody could for a while.
 
         A worker that knows the run re-claims it after the requeue scan re-sends it; when
@@ -218,11 +218,11 @@ class RunExecutor:
         return "released"
 
     def _run_to_end(
-        self, claim: Claim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
+        self, claim: AnyClaim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
     ) -> RunStatus:
         if run.kind == "workflow" and self.workflows is not None:
-            self.runs.settle(claim)  # the workflow writes through stores of its own
-            return self.workflows.run(claim, run, signal)
+            # the workflow writes through stores of its own: they take the claim made
+            return self.workflows.run(self.runs.settle(claim), run, signal)
         execution: Execution | None = None
         try:
             execution = self._prepare(claim, run, signal, own_quota)
@@ -248,7 +248,7 @@ class RunExecutor:
 
     def _finish(
         self,
-        claim: Claim,
+        claim: AnyClaim,
         status: RunStatus,
         execution: Execution | None,
         *,
@@ -275,7 +275,7 @@ class RunExecutor:
     # -- preparation -------------------------------------------------------------------
 
     def _prepare(
-        self, claim: Claim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
+        self, claim: AnyClaim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
     ) -> Execution:
         agent = self.settings.agents.get(run.agent)
         if agent is None:
@@ -406,7 +406,7 @@ class RunExecutor:
         waited_in = unanswered_calls(messages)
         if waited_in:  # back from waiting for a person: finish that turn first
             admission.ticket()  # its tool calls run inside the link's admission
-            self.runs.settle(ex.claim)  # its tool calls write through the ledger
+            ex.claim = self.runs.settle(ex.claim)  # made before the ledger's writes
             call_no = self.approvals.pending_turn(ex.run.id)
             assert call_no is not None, "a run waits in a turn that asked for approval"
             ex.next_call = max(ex.next_call, call_no + 1)
@@ -450,7 +450,8 @@ class RunExecutor:
         try:
             return self.tool_calls.answer_turn(ex, link, call_no, calls)
         except WaitingForPerson as waiting:
-            ids = self.approvals.wait_for(ex.claim, waiting.requests, messages, index)
+            claim = self.runs.settle(ex.claim)  # made by the turn's model call
+            ids = self.approvals.wait_for(claim, waiting.requests, messages, index)
             log.info("run %s waits for approvals %s", ex.claim.run_id, ", ".join(ids))
             raise RunWaits(ids) from None
 

@@ -69,8 +69,27 @@ class RunError:
 
 @dataclass(frozen=True)
 class Claim:
-    """Proof of ownership: every later write of the executor is guarded by this fence."""
+    """Proof of ownership, made: the run is `Running` with this fence, and every later write
+    of the executor is guarded by it. Every store takes one; only the run store gives one out
+    (`RunStore.settle`), so a write of the ledger, an approval or a checkpoint with a claim
+    that was never made does not type-check."""
 
     run_id: str
     fence: int
     owner: str
+
+
+@dataclass(frozen=True)
+class PendingClaim:
+    """A claim read and not made yet (`RunStore.open_claim`): the run still waits `Queued`
+    with the fence before this one. Only the run store takes it: its next fenced write makes
+    it, with that write's events, and `RunStore.settle` makes it (if need be) and gives the
+    `Claim` that the other stores take."""
+
+    run_id: str
+    fence: int
+    owner: str
+
+
+AnyClaim = Claim | PendingClaim
+"""What the run store's own fenced writes take: a claim made, or read and made by the write."""

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.coordination.cancellation import CancelBus
-from tracon_jobs.runs.lifecycle import Claim
+from tracon_jobs.runs.lifecycle import AnyClaim
 from tracon_jobs.runs.store import RunStore
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ TAKEN_AWAY = "taken_away"
 
 @dataclass
 class _Live:
-    claim: Claim
+    claim: AnyClaim
     signal: AbortSignal
 
 
@@ -55,7 +55,7 @@ class LiveRuns:
     def stop(self) -> None:
         self._stopped.set()
 
-    def register(self, claim: Claim, signal: AbortSignal) -> None:
+    def register(self, claim: AnyClaim, signal: AbortSignal) -> None:
         with self._lock:
             self._runs[claim.run_id] = _Live(claim, signal)
             if self._thread is None:

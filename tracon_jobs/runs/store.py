@@ -54,7 +54,15 @@ from tracon_jobs.db.hot import hot
 from tracon_jobs.db.models import Run, RunEvent, TenantQuotaOverride
 from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import ClaimedElsewhere, RunTakenAway
-from tracon_jobs.runs.lifecycle import TERMINAL_EVENT, Claim, ErrorClass, RunError, RunStatus
+from tracon_jobs.runs.lifecycle import (
+    TERMINAL_EVENT,
+    AnyClaim,
+    Claim,
+    ErrorClass,
+    PendingClaim,
+    RunError,
+    RunStatus,
+)
 from tracon_jobs.runs.quota import OwnQuota
 
 LIVE = [RunStatus.QUEUED.value, RunStatus.RUNNING.value, RunStatus.WAITING.value]
@@ -323,10 +331,10 @@ class RunStore:
         self.db = db
         self.feed = feed
         # run id -> a claim read and not made yet: the claim's next write makes it
-        self._pending: dict[str, Claim] = {}
+        self._pending: dict[str, PendingClaim] = {}
         # run id -> a claim that was never made: another process claimed the run first, with
         # the same fence number maybe; every write of it is refused until `let_go`
-        self._taken: dict[str, Claim] = {}
+        self._taken: dict[str, PendingClaim] = {}
         # run id -> the fence of a claim whose executor is making its last change of the run
         # (the final write, or the wait for a person): the run leaves `Running` by its own
         # hand, and a heartbeat that no longer finds it there is no take-over
@@ -401,17 +409,17 @@ class RunStore:
         claimed = self.open_claim(run_id, owner)
         if claimed is None:
             return None
-        claim, run, _own_quota = claimed
+        pending, run, _own_quota = claimed
         try:
-            self.settle(claim)
+            claim = self.settle(pending)
         except ClaimedElsewhere:  # claimed by another process since it was read
             return None
         finally:
-            self.let_go(claim)  # forgets a claim that was not made; nothing once it is
+            self.let_go(pending)  # forgets a claim that was not made; nothing once it is
         return claim, run
 
     @rides_out_outages
-    def open_claim(self, run_id: str, owner: str) -> tuple[Claim, Run, OwnQuota] | None:
+    def open_claim(self, run_id: str, owner: str) -> tuple[PendingClaim, Run, OwnQuota] | None:
         """The claim of a `Queued` run, and the row as the claim leaves it; None when the run
         is not `Queued`.
 
@@ -439,7 +447,7 @@ class RunStore:
             values.pop("own_quota_limit"),
         )
         now = values.pop("read_at")
-        claim = Claim(run_id=run_id, fence=values["fence"] + 1, owner=owner)
+        claim = PendingClaim(run_id=run_id, fence=values["fence"] + 1, owner=owner)
         values.update(  # as `settle` leaves it, with `RunStarted` alone
             status=RunStatus.RUNNING.value,
             fence=claim.fence,
@@ -453,15 +461,19 @@ class RunStore:
         return claim, _detached_run(values), own_quota
 
     @rides_out_outages
-    def settle(self, claim: Claim) -> None:
-        """Make the claim read by `open_claim`, if it is not made yet."""
-        self._settle(claim)
+    def settle(self, claim: AnyClaim) -> Claim:
+        """The claim made: a claim read by `open_claim` is made now if no write made it yet
+        (`ClaimedElsewhere` when another process made it first); a made one as it is."""
+        return self._settle(claim)
 
-    def _settle(self, claim: Claim) -> None:
+    def _settle(self, claim: AnyClaim) -> Claim:
+        if isinstance(claim, Claim):
+            return claim
         if self._is_pending(claim):
             self._make_claim(claim, None)
+        return Claim(claim.run_id, claim.fence, claim.owner)
 
-    def let_go(self, claim: Claim) -> None:
+    def let_go(self, claim: AnyClaim) -> None:
         """The executor is done with `claim`: forget it, if it was never made (the run is
         still `Queued`, unclaimed, and the requeue scan sends it again) or never could be."""
         for forgotten in (self._pending, self._taken):
@@ -470,16 +482,16 @@ class RunStore:
         if self._ending.get(claim.run_id) == claim.fence:
             del self._ending[claim.run_id]
 
-    def _is_pending(self, claim: Claim | None) -> bool:
+    def _is_pending(self, claim: AnyClaim | None) -> bool:
         """Whether `claim` is read and not made yet; `ClaimedElsewhere` for a claim that another
         process made first (its fence number may be theirs: nothing of it may be written)."""
-        if claim is None:
-            return False
+        if not isinstance(claim, PendingClaim):
+            return False  # a `Claim` is made: only `settle` gives one out
         if self._taken.get(claim.run_id) == claim:
             raise ClaimedElsewhere(f"run {claim.run_id} was claimed by another process")
         return self._pending.get(claim.run_id) == claim
 
-    def _make_claim(self, claim: Claim, second: tuple[str, dict[str, Any]] | None) -> Event:
+    def _make_claim(self, claim: PendingClaim, second: tuple[str, dict[str, Any]] | None) -> Event:
         """The claim, `RunStarted` and `second`, committed and published at once.
 
         Left pending when the write fails (the next write tries again); `ClaimedElsewhere`
@@ -536,25 +548,30 @@ class RunStore:
 
     @rides_out_outages
     def append(
-        self, claim: Claim | None, type_: str, data: dict[str, Any], *, run_id: str | None = None
+        self,
+        claim: AnyClaim | None,
+        type_: str,
+        data: dict[str, Any],
+        *,
+        run_id: str | None = None,
     ) -> Event:
         """Append and publish one event (fenced when `claim` is given; with the claim itself,
         when it is read and not made yet)."""
-        if self._is_pending(claim):
-            assert claim is not None
+        if isinstance(claim, PendingClaim) and self._is_pending(claim):
             return self._make_claim(claim, (type_, data))
+        made = None if claim is None else self._settle(claim)
         with self.db.transaction() as session:
-            event = self.append_in(session, claim, type_, data, run_id=run_id)
+            event = self.append_in(session, made, type_, data, run_id=run_id)
         self.publish(event)
         return event
 
     @rides_out_outages
-    def append_all(self, claim: Claim, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    def append_all(self, claim: AnyClaim, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Append several fenced events at once: one seq update, one multi-row insert and
         one wake-up of the followers, however many events."""
         if not events:
             return
-        self._settle(claim)
+        claim = self._settle(claim)
         params = {"p_id": claim.run_id, "p_fence": claim.fence, "p_count": len(events)}
         with self.db.transaction() as session:
             row = session.execute(
@@ -608,9 +625,9 @@ class RunStore:
         return Event(run_id=run_id, seq=seq, type=type_, at=at, data=data)
 
     @rides_out_outages
-    def record_spend(self, claim: Claim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
+    def record_spend(self, claim: AnyClaim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
         """Add a model call's tokens and cost to the run, with its `ModelCallCompleted`."""
-        self._settle(claim)
+        claim = self._settle(claim)
         params = _spend_params(spend)
         with self.db.transaction() as session:
             event = self._append(
@@ -626,9 +643,9 @@ class RunStore:
         return event
 
     @rides_out_outages
-    def add_cost(self, claim: Claim, amount: Decimal, data: dict[str, Any]) -> None:
+    def add_cost(self, claim: AnyClaim, amount: Decimal, data: dict[str, Any]) -> None:
         """Spend a tool reported beyond tokens, with its `UsageReported` event."""
-        self._settle(claim)
+        claim = self._settle(claim)
         params = {"p_cost_amount": amount}
         with self.db.transaction() as session:
             event = self._append(
@@ -637,9 +654,9 @@ class RunStore:
         self.publish(event)
 
     @rides_out_outages
-    def save_turn(self, claim: Claim, messages: Sequence[dict[str, Any]], turns: int) -> None:
+    def save_turn(self, claim: AnyClaim, messages: Sequence[dict[str, Any]], turns: int) -> None:
         """Persist the conversation after a finished turn, so the run resumes from SQL."""
-        self._settle(claim)
+        claim = self._settle(claim)
         params = {
             "p_id": claim.run_id,
             "p_fence": claim.fence,
@@ -654,7 +671,7 @@ class RunStore:
     @rides_out_outages
     def finish(
         self,
-        claim: Claim,
+        claim: AnyClaim,
         status: RunStatus,
         *,
         output: dict[str, Any] | None = None,
@@ -666,7 +683,7 @@ class RunStore:
 
         `spend`: the last model call's spend and its `ModelCallCompleted` data, written in
         the same statement (one transaction for the answer and the end of the run)."""
-        self._settle(claim)
+        claim = self._settle(claim)
         self._ending[claim.run_id] = claim.fence
         return self._close(
             claim.run_id, RunStatus.RUNNING, claim, status, output, error, attempts, spend=spend
@@ -810,10 +827,10 @@ class RunStore:
         )
 
     @rides_out_outages
-    def still_owned(self, claim: Claim) -> str | None:
+    def still_owned(self, claim: AnyClaim) -> str | None:
         """Why the claim may no longer start work (`taken_away`, `canceled`), or None: read
         right before a tool body starts, so a paused owner never starts one late."""
-        self._settle(claim)  # a claim not made yet is made here, or RunTakenAway
+        claim = self._settle(claim)  # a claim not made yet is made here, or RunTakenAway
         query = select(RUNS.c.status, RUNS.c.fence, RUNS.c.cancel_requested_at).where(
             RUNS.c.id == claim.run_id
         )
@@ -845,13 +862,13 @@ class RunStore:
             raise RunTakenAway(f"run {claim.run_id} was taken away")
 
     @rides_out_outages
-    def release(self, claim: Claim, reason: str) -> bool:
+    def release(self, claim: AnyClaim, reason: str) -> bool:
         """Give a claimed run back to the queue untouched, for a worker that can run it.
 
         Its send time is kept, so the requeue scan re-sends it once `Runs.RequeueAfter`
         has passed since then; nothing of the run itself changed.
         """
-        self._settle(claim)
+        claim = self._settle(claim)
         with self.db.write() as session:
             event = self.append_in(session, claim, "RunReleased", {"reason": reason})
             session.execute(

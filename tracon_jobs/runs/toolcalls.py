@@ -30,7 +30,7 @@ from tracon_jobs.resilience.budgets import Refusal
 from tracon_jobs.runs.approvals import ApprovalRequest, ApprovalStatus, ApprovalStore
 from tracon_jobs.runs.execution import Execution, Link, RunFailure
 from tracon_jobs.runs.ledger import ApprovalUsed, Ledger, ToolOutcome, arguments_hash
-from tracon_jobs.runs.lifecycle import ErrorClass, RunError
+from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError
 from tracon_jobs.runs.retries import Sleep, run_with_retries
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import SubAgents
@@ -100,6 +100,13 @@ class ToolCalls:
         self.currency = currency
         self.concurrent = concurrent  # `ToolLoop.AllowConcurrentToolCalls`
         self.sleep = sleep  # retry backoff; tests pass one that records instead of waiting
+
+    def _made(self, ex: Execution) -> Claim:
+        """The run's claim, made: the ledger takes no other. The turn's model call made it;
+        one that was not made yet is made here (`RunStore.settle`)."""
+        claim = ex.claim if isinstance(ex.claim, Claim) else self.runs.settle(ex.claim)
+        ex.claim = claim
+        return claim
 
     def answer_turn(
         self, ex: Execution, link: Link, call_no: int, calls: list[ToolCall]
@@ -270,7 +277,7 @@ class ToolCalls:
             if approval.comment:
                 message = f"{message}: {approval.comment}"
         outcome = ToolOutcome(ok=False, error_code=code, error_message=message, attempts=0)
-        self.ledger.refuse(ex.claim, call_no, call.id, call.name, arguments, outcome)
+        self.ledger.refuse(self._made(ex), call_no, call.id, call.name, arguments, outcome)
         return None, outcome
 
     def _call_agent(
@@ -297,12 +304,12 @@ class ToolCalls:
                 or "message: a string is required",
                 attempts=0,
             )
-            self.ledger.refuse(ex.claim, call_no, call.id, ledger_name, arguments, outcome)
+            self.ledger.refuse(self._made(ex), call_no, call.id, ledger_name, arguments, outcome)
             return outcome
-        entry = self.ledger.start(ex.claim, call_no, call.id, ledger_name, arguments)
+        entry = self.ledger.start(self._made(ex), call_no, call.id, ledger_name, arguments)
         child_id = self.children.start(ex.run, call.name, message)
         outcome = self.children.answer(child_id, ex.signal, self.run_inline)
-        self.ledger.finish(ex.claim, entry, ledger_name, outcome)
+        self.ledger.finish(self._made(ex), entry, ledger_name, outcome)
         return outcome
 
     def _refused_by_budget(
@@ -320,7 +327,7 @@ class ToolCalls:
             attempts=0,
             error_message=f"{refusal.message}. The tool call did not start.",
         )
-        self.ledger.refuse(ex.claim, call_no, call.id, call.name, arguments, outcome)
+        self.ledger.refuse(self._made(ex), call_no, call.id, call.name, arguments, outcome)
         return outcome
 
     def _report_usage(
@@ -361,7 +368,7 @@ class ToolCalls:
         reused_key = ex.chain.key_for((call.name, arguments_hash(arguments)))
         try:
             entry = self.ledger.start(
-                ex.claim,
+                self._made(ex),
                 call_no,
                 call.id,
                 call.name,
@@ -374,7 +381,7 @@ class ToolCalls:
             )
         except ApprovalUsed as used:  # another process used it: the body must not run
             outcome = ToolOutcome(ok=False, error_code="approval_used", error_message=str(used))
-            self.ledger.refuse(ex.claim, call_no, call.id, call.name, arguments, outcome)
+            self.ledger.refuse(self._made(ex), call_no, call.id, call.name, arguments, outcome)
             return outcome
         if parse_error is not None or spec is None:
             outcome = ToolOutcome(
@@ -384,7 +391,7 @@ class ToolCalls:
             )
         else:
             outcome = self._attempt(ex, spec, arguments, entry.execution_id, entry.idempotency_key)
-        self.ledger.finish(ex.claim, entry, call.name, outcome)
+        self.ledger.finish(self._made(ex), entry, call.name, outcome)
         return outcome
 
     def _attempt(
