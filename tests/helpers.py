@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 import pytest
+from flask.testing import FlaskClient
 
+from tracon_jobs.cli import supervisor
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runs.lifecycle import Claim
@@ -46,6 +48,48 @@ def scripted_agent(script: Script, tools: list[str] | None = None) -> dict[str, 
         "Pricing": {"Models": {"demo-model": {"InputPerMillion": 1, "OutputPerMillion": 2}}},
         "ToolModules": ["tests.tools"],
     }
+
+
+POLL_INTERVAL = 0.02
+"""Seconds between two looks of `wait_until`: short, since what a test waits for is near."""
+
+ENDED = ("Completed", "Failed", "Canceled")
+"""The statuses a run ends in."""
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    what: str,
+    timeout: float,
+    interval: float = POLL_INTERVAL,
+    watch: Iterable[supervisor.Child] = (),
+) -> float:
+    """Poll `ready` until it holds, so a test waits for a fact rather than a fixed sleep; the
+    seconds it took. TimeoutError naming `what` when it never holds, `ChildExited` as soon as
+    a process of `watch` exits without it (the command's own `wait_until` does the polling)."""
+    started = time.monotonic()
+    supervisor.wait_until(ready, what=what, timeout=timeout, watch=watch, interval=interval)
+    return time.monotonic() - started
+
+
+def wait_for_status(
+    client: FlaskClient,
+    key: str,
+    run_id: str,
+    *statuses: str,
+    timeout: float = 10,
+    interval: float = POLL_INTERVAL,
+) -> dict[str, Any]:
+    """The run JSON of `GET /api/runs/<run_id>` once its status is one of `statuses`."""
+    last: dict[str, Any] = {}
+
+    def reached() -> bool:
+        last.update(client.get(f"/api/runs/{run_id}", headers=auth(key)).get_json())
+        return last["status"] in statuses
+
+    wait_until(reached, what=f"run {run_id} in {statuses}", timeout=timeout, interval=interval)
+    return last
 
 
 def auth(key: str, **headers: str) -> dict[str, str]:

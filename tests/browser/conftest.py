@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,13 @@ from flask.testing import FlaskClient
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from tests.helpers import MakeRuntime, ThreadWorker, missing_service
+from tests.helpers import (
+    MakeRuntime,
+    ThreadWorker,
+    event_types,
+    missing_service,
+    wait_until,
+)
 from tracon_jobs.db.models import Run
 from tracon_jobs.runtime import Runtime
 from web import create_app
@@ -147,21 +152,22 @@ class Console:
         return run_id
 
     def wait_for(self, run_id: str, *statuses: str) -> Run:
-        deadline = time.monotonic() + WAIT_SECONDS
-        while time.monotonic() < deadline:
+        seen: list[Run] = []
+
+        def reached() -> bool:
             run = self.runtime.runs.get(run_id)
-            if run is not None and run.status in statuses:
-                return run
-            time.sleep(0.05)
-        raise AssertionError(f"run {run_id} never reached {statuses}")
+            seen[:] = [] if run is None else [run]
+            return run is not None and run.status in statuses
+
+        wait_until(reached, what=f"run {run_id} in {statuses}", timeout=WAIT_SECONDS)
+        return seen[0]
 
     def wait_for_event(self, run_id: str, type_: str) -> None:
-        deadline = time.monotonic() + WAIT_SECONDS
-        while time.monotonic() < deadline:
-            if any(e.type == type_ for e in self.runtime.runs.events(run_id)):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"run {run_id} never had a {type_} event")
+        wait_until(
+            lambda: type_ in event_types(self.runtime, run_id),
+            what=f"a {type_} event of run {run_id}",
+            timeout=WAIT_SECONDS,
+        )
 
     def sign_in(self, key: str | None = None) -> None:
         self.page.goto(self.url("/signin"))

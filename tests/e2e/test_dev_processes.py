@@ -25,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ import pytest
 import redis
 
 from tests.conftest import DEV_REDIS_DB
+from tests.helpers import ENDED, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -217,20 +217,22 @@ class Dev:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
+    def healthy(self) -> bool:
+        """Its /healthz answers and it printed the key; fails at once when it exited."""
+        assert self.alive(), f"dev exited early:\n{self.output[-4000:]}"
+        self.record_children()
+        try:
+            with urllib.request.urlopen(self.url("/healthz"), timeout=2) as response:
+                return response.status == 200 and "API key:" in self.output
+        except (urllib.error.URLError, OSError):
+            return False
+
     def wait_until_healthy(self) -> None:
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            assert self.alive(), f"dev exited early:\n{self.output[-4000:]}"
-            self.record_children()
-            try:
-                with urllib.request.urlopen(self.url("/healthz"), timeout=2) as response:
-                    if response.status == 200 and "API key:" in self.output:
-                        self.record_children()
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.25)
-        raise TimeoutError(f"dev not healthy after {START_SECONDS} s:\n{self.output[-4000:]}")
+        try:
+            wait_until(self.healthy, what="dev", timeout=START_SECONDS, interval=0.25)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}:\n{self.output[-4000:]}") from None
+        self.record_children()
 
     def record_children(self) -> None:
         self.seen.update(descendants(self.pid))
@@ -304,24 +306,28 @@ def submit_and_complete(dev: Dev) -> str:
     )
     assert status == 202, body
     run_id: str = body["runId"]
-    deadline = time.monotonic() + RUN_SECONDS
-    while time.monotonic() < deadline:
-        _, run = dev.request("GET", f"/api/runs/{run_id}")
-        if run["status"] in ("Completed", "Failed", "Canceled"):
-            assert run["status"] == "Completed", run
-            assert run["output"]["text"]
-            return run_id
-        time.sleep(0.25)
-    raise TimeoutError(f"run {run_id} not completed after {RUN_SECONDS} s:\n{dev.output[-3000:]}")
+    run: dict[str, Any] = {}
+
+    def ended() -> bool:
+        run.update(dev.request("GET", f"/api/runs/{run_id}")[1])
+        return run["status"] in ENDED
+
+    try:
+        wait_until(ended, what=f"run {run_id}", timeout=RUN_SECONDS, interval=0.25)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}:\n{dev.output[-3000:]}") from None
+    assert run["status"] == "Completed", run
+    assert run["output"]["text"]
+    return run_id
 
 
 def assert_all_gone(dev: Dev) -> None:
     names = " ".join(command for _, command in dev.seen.values())
     for child in ("web", "worker", "beat", "flower"):
         assert f"tracon_jobs.cli {child}" in names, (child, names)
-    deadline = time.monotonic() + 5
-    while survivors(dev.seen) and time.monotonic() < deadline:
-        time.sleep(0.1)  # a reparented zombie is reaped by init in its own time
+    # a reparented zombie is reaped by init in its own time; the assertion names the survivors
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: not survivors(dev.seen), what="no survivor", timeout=5, interval=0.1)
     assert survivors(dev.seen) == []
     for port in (dev.port, dev.flower_port):
         with socket.socket() as sock:

@@ -7,6 +7,7 @@ Runs are executed by the real executor on a thread standing in for a worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -16,7 +17,16 @@ import pytest
 from flask.testing import FlaskClient
 
 from tests import tools
-from tests.helpers import MakeRuntime, Script, ThreadWorker, auth, scripted_agent
+from tests.helpers import (
+    MakeRuntime,
+    Script,
+    ThreadWorker,
+    auth,
+    scripted_agent,
+    wait_for_status,
+    wait_until,
+)
+from tracon_jobs.db.models import Approval
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
@@ -48,16 +58,6 @@ def other_key(runtime: Runtime) -> str:
     return runtime.tenants.issue_key(runtime.tenants.ensure_tenant("globex")).secret
 
 
-def wait_for_status(client: FlaskClient, key: str, run_id: str, status: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        body = client.get(f"/api/runs/{run_id}", headers=auth(key)).get_json()
-        if body["status"] == status:
-            return dict(body)
-        time.sleep(0.03)
-    raise AssertionError(f"run {run_id} never reached {status}")
-
-
 def start_waiting(client: FlaskClient, key: str) -> tuple[str, str]:
     """A run submitted with respond-async, once it waits: (run id, approval id)."""
     response = client.post(
@@ -83,17 +83,15 @@ def approve_when_waiting(runtime: Runtime) -> tuple[threading.Thread, threading.
     assert tenant is not None
     decided = threading.Event()
 
+    def first_pending() -> list[Approval]:
+        store = runtime.approval_store
+        return store.page(tenant, status="Pending", run_id=None, limit=1, before=None)
+
     def approve() -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            rows = runtime.approval_store.page(
-                tenant, status="Pending", run_id=None, limit=1, before=None
-            )
-            if rows:
-                runtime.approvals.decide(tenant, rows[0].id, True)
-                decided.set()
-                return
-            time.sleep(0.05)
+        with contextlib.suppress(TimeoutError):  # the test then finds `decided` unset
+            wait_until(lambda: bool(first_pending()), what="a pending approval", timeout=10)
+            runtime.approvals.decide(tenant, first_pending()[0].id, True)
+            decided.set()
 
     approver = threading.Thread(target=approve, daemon=True)
     approver.start()

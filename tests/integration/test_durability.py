@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.helpers import (
     event_types,
     hold_queued,
     scripted_agent,
+    wait_until,
 )
 from tests.stub_provider import StubProvider, hang, reply, tool_call
 from tracon_jobs.abort import AbortSignal
@@ -101,14 +101,6 @@ def submit_async(client: FlaskClient, headers: dict[str, str]) -> str:
     return str(response.get_json()["runId"])
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 5) -> float:
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, "timed out"
-        time.sleep(0.02)
-    return time.monotonic() - started
-
-
 def test_cancel_aborts_a_hanging_provider_call_within_a_second(
     client: tuple[FlaskClient, dict[str, str]],
     web_runtime: Runtime,
@@ -117,14 +109,17 @@ def test_cancel_aborts_a_hanging_provider_call_within_a_second(
     http, headers = client
     stub_provider.default = hang(60, reply("too late"))
     run_id = submit_async(http, headers)
-    wait_for(lambda: stub_provider.in_progress == 1)
+    wait_until(lambda: stub_provider.in_progress == 1, what="the provider call", timeout=5)
 
     response = http.post(f"/api/runs/{run_id}/cancel", headers=headers)
-    elapsed = wait_for(lambda: status(web_runtime, run_id) == "Canceled")
+    elapsed = wait_until(
+        lambda: status(web_runtime, run_id) == "Canceled", what="the run canceled", timeout=5
+    )
 
     assert response.status_code == 202
     assert elapsed < 1.0
-    wait_for(lambda: stub_provider.in_progress == 0)  # the connection was really closed
+    # the connection was really closed
+    wait_until(lambda: stub_provider.in_progress == 0, what="the call closed", timeout=5)
     types = event_types(web_runtime, run_id)
     assert "CancelRequested" in types and types[-1] == "RunCanceled"
 
@@ -137,11 +132,17 @@ def test_cancel_reaches_a_running_tool_through_its_signal(
     http, headers = client
     stub_provider.enqueue(tool_call("slow_step", {"seconds": 60}))
     run_id = submit_async(http, headers)
-    wait_for(lambda: "ToolCallStarted" in event_types(web_runtime, run_id))
+    wait_until(
+        lambda: "ToolCallStarted" in event_types(web_runtime, run_id),
+        what="the tool call started",
+        timeout=5,
+    )
 
     assert http.post(f"/api/runs/{run_id}/cancel", headers=headers).status_code == 202
 
-    wait_for(lambda: status(web_runtime, run_id) == "Canceled", timeout=2)
+    wait_until(
+        lambda: status(web_runtime, run_id) == "Canceled", what="the run canceled", timeout=2
+    )
     failed = [e.data for e in web_runtime.runs.events(run_id) if e.type == "ToolCallFailed"]
     assert failed and failed[0]["error"]["code"] == "CANCELLED"
 
@@ -641,7 +642,9 @@ def test_a_failed_heartbeat_is_logged_and_tried_again_at_the_next_interval(
     store = RunStore(Database("sqlite:////proc/no-such-dir/tracon.db"))
     live = LiveRuns(store, runtime.cancel_bus, timedelta(milliseconds=50), poll_seconds=0.05)
     live.register(claim, AbortSignal())
-    wait_for(lambda: "heartbeat/cancel poll failed" in caplog.text)
+    wait_until(
+        lambda: "heartbeat/cancel poll failed" in caplog.text, what="a failed poll", timeout=5
+    )
 
     # When it answers again
     store.db = runtime.db
@@ -652,5 +655,5 @@ def test_a_failed_heartbeat_is_logged_and_tried_again_at_the_next_interval(
         assert fresh is not None and fresh.heartbeat_at is not None
         return runtime.db.now() - fresh.heartbeat_at < timedelta(seconds=5)
 
-    wait_for(beat_is_fresh)
+    wait_until(beat_is_fresh, what="a fresh heartbeat", timeout=5)
     live.stop()

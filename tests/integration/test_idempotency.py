@@ -7,15 +7,13 @@ Runs are executed by the real executor on a thread standing in for a worker.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from flask.testing import FlaskClient
 
-from tests.helpers import MakeRuntime, ThreadWorker, hold_queued, scripted_agent
+from tests.helpers import MakeRuntime, ThreadWorker, hold_queued, scripted_agent, wait_until
 from tracon_jobs.db.models import IdempotencyRecord, Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.idempotency import IdempotencyStore
@@ -64,14 +62,6 @@ def runs_of(runtime: Runtime) -> list[Run]:
 def records(runtime: Runtime) -> list[IdempotencyRecord]:
     with runtime.db.read() as session:
         return list(session.scalars(sa.select(IdempotencyRecord)))
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # -- first request, replay --------------------------------------------------------------
@@ -137,7 +127,9 @@ def test_same_key_still_in_progress_is_409(
     first: list[Any] = []
     thread = threading.Thread(target=lambda: first.append(post(client, key)))
     thread.start()
-    wait_until(lambda: any(r.run_id for r in records(rt)), "the first request's run")
+    wait_until(
+        lambda: any(r.run_id for r in records(rt)), what="the first request's run", timeout=10
+    )
 
     # When the same request arrives meanwhile
     duplicate = post(client, key)
@@ -355,7 +347,9 @@ def test_a_canceled_run_answers_409_and_is_not_stored(
     answers: list[Any] = []
     caller = threading.Thread(target=lambda: answers.append(post(client, key)))
     caller.start()
-    wait_until(lambda: any(r.run_id for r in records(runtime)), "the run to be recorded")
+    wait_until(
+        lambda: any(r.run_id for r in records(runtime)), what="the run to be recorded", timeout=10
+    )
     run_id = records(runtime)[0].run_id
 
     cancel = client.post(f"/api/runs/{run_id}/cancel", headers=headers(key, idem=None))

@@ -7,7 +7,6 @@ Runs are executed by the real executor on a thread standing in for a worker.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from tests.helpers import MakeRuntime, ThreadWorker, hold_queued, scripted_agent
+from tests.helpers import MakeRuntime, ThreadWorker, hold_queued, scripted_agent, wait_until
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
@@ -392,9 +391,7 @@ def test_a_v1_run_is_cancellable_and_then_answers_409(
 
     caller = threading.Thread(target=ask)
     caller.start()
-    deadline = time.monotonic() + 10
-    while not api_runs(base, key) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: bool(api_runs(base, key)), what="the run of the call", timeout=10)
     run_id = api_runs(base, key)[0]["id"]
 
     cancel = httpx.post(

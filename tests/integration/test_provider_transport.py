@@ -4,6 +4,7 @@ timeouts, aborts, threads and forks."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import time
@@ -12,6 +13,7 @@ from multiprocessing.queues import Queue
 
 import pytest
 
+from tests.helpers import wait_until
 from tests.stub_provider import StubProvider, drop, error, hang, reply
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
@@ -127,7 +129,7 @@ def test_an_abort_ends_a_blocked_call_promptly(stub: StubProvider, provider: Sdk
     # Then it ends at once, and the request is really closed on the wire
     assert raised.kind == "cancelled"
     assert time.monotonic() - started < 1.5
-    assert _eventually(lambda: stub.in_progress == 0)
+    wait_until(lambda: stub.in_progress == 0, what="no call in progress", timeout=2)
 
 
 def test_the_provider_still_works_after_an_abort(stub: StubProvider, provider: SdkProvider) -> None:
@@ -137,7 +139,8 @@ def test_the_provider_still_works_after_an_abort(stub: StubProvider, provider: S
     def abort_once_the_server_holds_it() -> None:
         # not after a fixed delay: a cold client may not have sent the call yet, and the
         # next call would then be the one that hangs
-        _eventually(lambda: stub.in_progress == 1, timeout=10)
+        with contextlib.suppress(TimeoutError):  # abort all the same: the test then fails
+            wait_until(lambda: stub.in_progress == 1, what="one call in progress", timeout=10)
         signal.abort()
 
     threading.Thread(target=abort_once_the_server_holds_it, daemon=True).start()
@@ -164,7 +167,7 @@ def test_an_abort_cuts_only_its_own_call(stub: StubProvider, provider: SdkProvid
     ]
     for thread in threads:
         thread.start()
-    assert _eventually(lambda: stub.in_progress == 2, timeout=10)
+    wait_until(lambda: stub.in_progress == 2, what="two calls in progress", timeout=10)
 
     # When one of them is aborted
     doomed.abort("cancelled")
@@ -226,13 +229,3 @@ def test_a_forked_child_gets_its_own_client(stub: StubProvider, provider: SdkPro
     assert child.exitcode == 0
     assert results.get(timeout=1) == "from somewhere"
     assert len(stub.requests) == 2
-
-
-def _eventually(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
-    """Poll a condition the server reaches on its own thread (no fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False

@@ -4,14 +4,13 @@ executed by the real executor on a thread standing in for a worker."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
 
-from tests.helpers import MakeRuntime, Script, ThreadWorker, scripted_agent
+from tests.helpers import ENDED, MakeRuntime, Script, ThreadWorker, scripted_agent, wait_for_status
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
@@ -43,14 +42,7 @@ def finished_run(client: FlaskClient, key: str) -> dict[str, Any]:
         headers={**auth(key), "Prefer": "respond-async"},
         json={"message": "Where is A-1?"},
     )
-    run_id = submitted.get_json()["runId"]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        run: dict[str, Any] = client.get(f"/api/runs/{run_id}", headers=auth(key)).get_json()
-        if run["status"] in ("Completed", "Failed", "Canceled"):
-            return run
-        time.sleep(0.05)
-    raise AssertionError(f"run {run_id} never ended")
+    return wait_for_status(client, key, submitted.get_json()["runId"], *ENDED, timeout=10)
 
 
 # -- the ledger -------------------------------------------------------------------------

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import redis
 
+from tests.helpers import wait_until
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
 from tracon_jobs.resilience import concurrency
@@ -46,15 +46,6 @@ def redis_store(redis_client: redis.Redis) -> RedisSlotStore:
 
 def acquire(store: SlotStore, token: str, limit: int = 1, lease_ms: int = LEASE) -> bool:
     return store.try_acquire(P, token, limit, lease_ms)
-
-
-def eventually(condition: Callable[[], bool], what: str) -> float:
-    """Poll until `condition()`; returns the seconds it took."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < POLL_TIMEOUT, f"never: {what}"
-        time.sleep(0.01)
-    return time.monotonic() - started
 
 
 # -- the contract ---------------------------------------------------------------------------
@@ -217,7 +208,7 @@ def test_a_blocked_waiter_is_cancelled_promptly(store: SlotStore) -> None:
 
     waiter = threading.Thread(target=wait_for_slot)
     waiter.start()
-    eventually(lambda: store.usage(P) == (1, 1), "the waiter queued")
+    wait_until(lambda: store.usage(P) == (1, 1), what="the waiter queued", timeout=POLL_TIMEOUT)
     # When its run's signal fires
     fired = time.monotonic()
     signal.abort("run cancelled")
@@ -240,7 +231,11 @@ def test_a_crashed_holder_frees_its_slot_after_the_lease(redis_store: RedisSlotS
     assert acquire(redis_store, "crashed", lease_ms=300)
     assert not acquire(redis_store, "next")
     # Then the slot frees once the lease ends, not before
-    eventually(lambda: acquire(redis_store, "next"), "the crashed holder's slot freed")
+    wait_until(
+        lambda: acquire(redis_store, "next"),
+        what="the crashed holder's slot freed",
+        timeout=POLL_TIMEOUT,
+    )
     assert time.monotonic() - started >= 0.25
     assert redis_store.usage(P) == (1, 0)
 
@@ -248,7 +243,11 @@ def test_a_crashed_holder_frees_its_slot_after_the_lease(redis_store: RedisSlotS
 def test_usage_ignores_a_holder_whose_lease_ended(redis_store: RedisSlotStore) -> None:
     assert acquire(redis_store, "crashed", lease_ms=300)
     assert redis_store.usage(P) == (1, 0)
-    eventually(lambda: redis_store.usage(P) == (0, 0), "the expired holder left usage")
+    wait_until(
+        lambda: redis_store.usage(P) == (0, 0),
+        what="the expired holder left usage",
+        timeout=POLL_TIMEOUT,
+    )
 
 
 def test_a_live_holder_keeps_its_slot_past_the_lease(redis_store: RedisSlotStore) -> None:
@@ -276,7 +275,11 @@ def test_a_waiter_that_stopped_polling_is_dropped(
     redis_store.release(P, "holder")
     assert redis_store.usage(P) == (0, 2)
     # Then the crashed waiter's place expires and the live one gets the slot
-    eventually(lambda: acquire(redis_store, "alive"), "the live waiter got the slot")
+    wait_until(
+        lambda: acquire(redis_store, "alive"),
+        what="the live waiter got the slot",
+        timeout=POLL_TIMEOUT,
+    )
     assert redis_store.usage(P) == (1, 0)
 
 
@@ -290,7 +293,11 @@ def test_usage_ignores_a_waiter_that_stopped_polling(
     assert redis_store.usage(P) == (1, 1)
     # Then once its waiter lease ends it is no longer reported as waiting, as an expired
     # holder is no longer reported in use, even while no other caller polls this provider
-    eventually(lambda: redis_store.usage(P) == (1, 0), "the crashed waiter left usage")
+    wait_until(
+        lambda: redis_store.usage(P) == (1, 0),
+        what="the crashed waiter left usage",
+        timeout=POLL_TIMEOUT,
+    )
 
 
 class FlakyRenewals(MemorySlotStore):
@@ -313,5 +320,7 @@ def test_the_renewer_outlives_an_unexpected_error() -> None:
     store = FlakyRenewals()
     slots = Slots(store, 1, 300)  # renewed every 100 ms
     with slots.hold(P, AbortSignal()):
-        eventually(lambda: store.renewals >= 3, "renewals after the failed one")
+        wait_until(
+            lambda: store.renewals >= 3, what="renewals after the failed one", timeout=POLL_TIMEOUT
+        )
     assert store.usage(P) == (0, 0)

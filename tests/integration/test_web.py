@@ -5,14 +5,21 @@ process tests in tests/e2e)."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from tests.helpers import MakeRuntime, Script, ThreadWorker, auth, hold_queued, scripted_agent
+from tests.helpers import (
+    MakeRuntime,
+    Script,
+    ThreadWorker,
+    auth,
+    hold_queued,
+    scripted_agent,
+    wait_for_status,
+)
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runtime import Runtime
 from web import create_app
@@ -46,16 +53,6 @@ def parse_sse(body: str) -> list[dict[str, Any]]:
             {"id": int(fields["id"]), "event": fields["event"], "data": json.loads(fields["data"])}
         )
     return frames
-
-
-def wait_for_status(client: FlaskClient, key: str, run_id: str, status: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        body = client.get(f"/api/runs/{run_id}", headers=auth(key)).get_json()
-        if body["status"] == status:
-            return dict(body)
-        time.sleep(0.05)
-    raise AssertionError(f"run {run_id} never reached {status}")
 
 
 def test_run_streams_its_events_as_sse_ending_with_run_completed(

@@ -6,14 +6,13 @@ Runs are executed by the real executor on a thread standing in for a worker."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
 
 from tests import workflows
-from tests.helpers import MakeRuntime, ThreadWorker, auth, scripted_agent
+from tests.helpers import MakeRuntime, ThreadWorker, auth, scripted_agent, wait_for_status
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 from web import create_app
@@ -45,23 +44,13 @@ def key_of(runtime: Runtime, tenant: str) -> str:
 ASYNC = {"Prefer": "respond-async"}
 
 
-def wait_for(client: FlaskClient, key: str, run_id: str, status: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        body = client.get(f"/api/runs/{run_id}", headers=auth(key)).get_json()
-        if body["status"] == status:
-            return dict(body)
-        time.sleep(0.03)
-    raise AssertionError(f"run {run_id} never reached {status}")
-
-
 def start_waiting(client: FlaskClient, key: str) -> str:
     response = client.post(
         "/api/workflows/hundred/run", json={"input": {}}, headers=auth(key, **ASYNC)
     )
     assert response.status_code == 202
     run_id = str(response.get_json()["runId"])
-    wait_for(client, key, run_id, "Waiting")
+    wait_for_status(client, key, run_id, "Waiting", timeout=15)
     return run_id
 
 
@@ -94,7 +83,7 @@ def test_start_async_then_respond_continues_the_chain(
     )
 
     assert answered.status_code == 202
-    continued = wait_for(client, key, answered.get_json()["runId"], "Completed")
+    continued = wait_for_status(client, key, answered.get_json()["runId"], "Completed", timeout=15)
     assert continued["continuedFromRunId"] == run_id
     assert continued["output"] == {"result": sum(range(100))}
     again = client.post(
@@ -113,7 +102,7 @@ def test_resume_of_a_completed_run_is_409_and_of_a_live_one_too(
     done = client.post(
         "/api/workflows/three-nodes/run", json={"input": {}}, headers=auth(key, **ASYNC)
     ).get_json()["runId"]
-    wait_for(client, key, done, "Completed")
+    wait_for_status(client, key, done, "Completed", timeout=15)
     completed = client.post(f"/api/workflows/runs/{done}/resume", headers=auth(key, **ASYNC))
 
     assert live.status_code == 409 and completed.status_code == 409
@@ -248,5 +237,5 @@ def test_whether_a_job_owns_a_continuation_is_decided_by_its_own_request(
         f"/api/workflows/runs/{sse_start}/respond", json={"answer": 1}, headers=auth(key, **ASYNC)
     )
     assert queued.status_code == 202
-    owned = wait_for(client, key, queued.get_json()["runId"], "Completed")
+    owned = wait_for_status(client, key, queued.get_json()["runId"], "Completed", timeout=15)
     assert runtime.runs.get(owned["id"]).resumable is True  # type: ignore[union-attr]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import wait_until
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import (
     SIDE_EFFECTS,
@@ -121,9 +122,7 @@ def test_retry_matrix(side_effect: SideEffect, idempotent: bool, error: str) -> 
     if error == "timeout":
         # a timed-out attempt's handler runs on in a thread of its own: on a loaded machine
         # it may not have started within its 50 ms, and records its attempt later
-        deadline = time.monotonic() + 5
-        while len(handler.seen) < attempts and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(handler.seen) >= attempts, what="every attempt", timeout=5)
     assert sorted(seen[0] for seen in handler.seen) == list(range(1, attempts + 1))
     assert {seen[1:] for seen in handler.seen} == {("exec-1", "tj-exec-1")}
     assert sleeps == [0.25, 0.5][: attempts - 1]
