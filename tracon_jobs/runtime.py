@@ -30,18 +30,18 @@ from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
 from tracon_jobs.db import Database
 from tracon_jobs.drain import WorkerDrain
 from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
+from tracon_jobs.limits.budget_store import RedisBudgetStore
+from tracon_jobs.limits.quota_store import RedisQuotaStore
+from tracon_jobs.limits.tenant_quotas import Quotas
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisBreakerStore
-from tracon_jobs.resilience.budgets import RedisBudgetStore
 from tracon_jobs.resilience.cache import RedisResponseCache
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
-from tracon_jobs.resilience.quotas import RedisQuotaStore
 from tracon_jobs.runs.approvals import Approvals, ApprovalStore
 from tracon_jobs.runs.continuation import Continuations
 from tracon_jobs.runs.dispatch import RUNS_QUEUE, RunDispatcher, Sender, celery_sender
 from tracon_jobs.runs.executor import Resilience, RunExecutor
 from tracon_jobs.runs.live import LiveRuns
-from tracon_jobs.runs.quota import Quotas
 from tracon_jobs.runs.reconcile import Reconciler
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from tracon_jobs.db import Database
 from tracon_jobs.db.hot import hot
 from tracon_jobs.db.models import ApiKey, Tenant, TenantQuotaOverride
-from tracon_jobs.runs.quota import OwnQuota
+from tracon_jobs.limits.tenant_quotas import OwnQuota
 
 log = logging.getLogger(__name__)
 

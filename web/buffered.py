@@ -16,8 +16,8 @@ from typing import Any
 from flask import Response, jsonify
 
 from tracon_jobs.db.models import Run
-from tracon_jobs.resilience.budgets import QUOTA_EXCEEDED
-from tracon_jobs.resilience.quotas import utc_now, window_of
+from tracon_jobs.limits.budget_store import QUOTA_EXCEEDED
+from tracon_jobs.limits.quota_store import utc_now, window_of
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENTS, ErrorClass, RunStatus
 from tracon_jobs.runs.views import run_json
 from web.extensions import runtime

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from flask import Blueprint, Response, g, jsonify, request
 
-from tracon_jobs.resilience.quotas import utc_now, window_of
+from tracon_jobs.limits.quota_store import utc_now, window_of
 from web.auth import require_tenant, tenant_id
 from web.extensions import runtime
 from web.idempotency import before_new_work

@@ -15,8 +15,8 @@ import redis
 from tests.e2e.cluster import Cluster, wait_until
 from tests.helpers import MakeRuntime
 from tracon_jobs.db.models import Run
-from tracon_jobs.resilience.quotas import RedisQuotaStore, window_of
-from tracon_jobs.runs.quota import spent_in
+from tracon_jobs.limits.quota_store import RedisQuotaStore, window_of
+from tracon_jobs.limits.tenant_quotas import spent_in
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 

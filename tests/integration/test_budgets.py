@@ -11,15 +11,15 @@ import pytest
 import redis
 
 from tests.helpers import MakeRuntime, Script, hold_queued, scripted_agent
-from tracon_jobs.resilience.budgets import (
+from tracon_jobs.limits.budget_store import (
     BudgetStore,
     Limits,
     MemoryBudgetStore,
     RedisBudgetStore,
     Totals,
 )
+from tracon_jobs.limits.tree import seed_totals
 from tracon_jobs.runs import subagents
-from tracon_jobs.runs.budget import seed_totals
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 

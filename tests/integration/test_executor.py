@@ -16,7 +16,7 @@ from tests.stub_provider import Reply, StubProvider, StubToolCall, error, reply
 from tracon_jobs import ToolContext, tool
 from tracon_jobs.db.models import Run, ToolCallRecord
 from tracon_jobs.errors import RunTakenAway
-from tracon_jobs.resilience.budgets import Limits
+from tracon_jobs.limits.budget_store import Limits
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 import redis
 
-from tracon_jobs.resilience.quotas import (
+from tracon_jobs.limits.quota_store import (
     MemoryQuotaStore,
     QuotaStore,
     RedisQuotaStore,

@@ -23,8 +23,8 @@ from tests import workflows
 from tests.helpers import MakeRuntime, Script, ThreadWorker, auth, run_of, scripted_agent
 from tracon_jobs.cli import main
 from tracon_jobs.db.models import IdempotencyRecord, Run
-from tracon_jobs.resilience.quotas import utc_now, window_of
-from tracon_jobs.runs.quota import spent_in
+from tracon_jobs.limits.quota_store import utc_now, window_of
+from tracon_jobs.limits.tenant_quotas import spent_in
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 from web import create_app

@@ -12,9 +12,9 @@ import redis
 
 from tracon_jobs.coordination.scripts import Call, Scripts, deferring
 from tracon_jobs.embedded_redis import free_port
+from tracon_jobs.limits.budget_store import Limits, RedisBudgetStore, Totals
+from tracon_jobs.limits.quota_store import RedisQuotaStore, window_of
 from tracon_jobs.resilience.breaker import BreakerPolicy, RedisBreakerStore
-from tracon_jobs.resilience.budgets import Limits, RedisBudgetStore, Totals
-from tracon_jobs.resilience.quotas import RedisQuotaStore, window_of
 
 POLICY = BreakerPolicy(threshold=3, break_ms=1000, max_probes=1, probe_lease_ms=1000)
 

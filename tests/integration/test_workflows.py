@@ -18,7 +18,7 @@ from tests.helpers import MakeRuntime, claim_run, run_of, scripted_agent
 from tests.helpers import event_types as types
 from tracon_jobs.db.models import Run, WorkflowNode
 from tracon_jobs.errors import ConfigurationError, RunTakenAway
-from tracon_jobs.runs.budget import seed_totals
+from tracon_jobs.limits.tree import seed_totals
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime

@@ -15,6 +15,7 @@ PACKAGES = ("tracon_jobs", "web", "beat_schedules")
 DOMAIN = (
     "tracon_jobs.runs",
     "tracon_jobs.resilience",
+    "tracon_jobs.limits",
     "tracon_jobs.coordination",
     "tracon_jobs.providers",
     "tracon_jobs.db",

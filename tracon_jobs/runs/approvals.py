@@ -30,7 +30,7 @@ from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Approval, Run
 from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import EnqueueError
-from tracon_jobs.resilience.budgets import BudgetStore
+from tracon_jobs.limits.budget_store import BudgetStore
 from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.store import Event, RunStore, iso

@@ -21,7 +21,7 @@ from tracon_jobs.agents.tools import WRITE_LIKE, ToolRegistry
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, ToolCallRecord
 from tracon_jobs.db.outages import retry_outages
-from tracon_jobs.runs.budget import MAX_CHAIN, ChainUnreadable
+from tracon_jobs.limits.tree import MAX_CHAIN, ChainUnreadable
 from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.ledger import ToolOutcome
 from tracon_jobs.runs.store import NewRun, RunStore

@@ -14,8 +14,8 @@ from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolSpec
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import ProviderError, RunCanceled, RunTakenAway
+from tracon_jobs.limits.tree import TreeBudget
 from tracon_jobs.providers.base import Provider
-from tracon_jobs.runs.budget import TreeBudget
 from tracon_jobs.runs.continuation import ChainLedger
 from tracon_jobs.runs.lifecycle import AnyClaim, ErrorClass, RunError
 from tracon_jobs.runs.live import CANCELED, TAKEN_AWAY

@@ -39,11 +39,13 @@ from tracon_jobs.errors import (
     RunCanceled,
     RunTakenAway,
 )
+from tracon_jobs.limits.budget_store import BudgetStore, Limits
+from tracon_jobs.limits.tenant_quotas import OwnQuota, Quotas
+from tracon_jobs.limits.tree import ChainUnreadable, TreeBudget, open_budget
 from tracon_jobs.pricing import price_at
 from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, ToolCall
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import Admission, CircuitBreaker, Ticket, Transition
-from tracon_jobs.resilience.budgets import BudgetStore, Limits
 from tracon_jobs.resilience.cache import (
     ResponseCache,
     request_key,
@@ -53,7 +55,6 @@ from tracon_jobs.resilience.cache import (
 from tracon_jobs.resilience.classify import classify
 from tracon_jobs.resilience.concurrency import Slots
 from tracon_jobs.runs.approvals import ApprovalStore
-from tracon_jobs.runs.budget import ChainUnreadable, TreeBudget, open_budget
 from tracon_jobs.runs.continuation import chain_ledger
 from tracon_jobs.runs.execution import (
     Execution,
@@ -69,7 +70,6 @@ from tracon_jobs.runs.execution import (
 from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import AnyClaim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import CANCELED, LiveRuns
-from tracon_jobs.runs.quota import OwnQuota, Quotas
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore, TurnSpend
 from tracon_jobs.runs.subagents import SubAgents, agent_tool_schema

@@ -54,6 +54,7 @@ from tracon_jobs.db.hot import hot
 from tracon_jobs.db.models import Run, RunEvent, TenantQuotaOverride
 from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import ClaimedElsewhere, RunTakenAway
+from tracon_jobs.limits.tenant_quotas import OwnQuota
 from tracon_jobs.runs.lifecycle import (
     TERMINAL_EVENT,
     AnyClaim,
@@ -63,7 +64,6 @@ from tracon_jobs.runs.lifecycle import (
     RunError,
     RunStatus,
 )
-from tracon_jobs.runs.quota import OwnQuota
 
 LIVE = [RunStatus.QUEUED.value, RunStatus.RUNNING.value, RunStatus.WAITING.value]
 

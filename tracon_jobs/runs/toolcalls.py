@@ -25,8 +25,8 @@ from tracon_jobs import logs
 from tracon_jobs.agents.tools import ToolContext, ToolSpec
 from tracon_jobs.db.models import Approval
 from tracon_jobs.errors import RunTakenAway, ToolCanceledError, ToolError
+from tracon_jobs.limits.budget_store import Refusal
 from tracon_jobs.providers.base import Message, ToolCall
-from tracon_jobs.resilience.budgets import Refusal
 from tracon_jobs.runs.approvals import ApprovalRequest, ApprovalStatus, ApprovalStore
 from tracon_jobs.runs.execution import Execution, Link, RunFailure
 from tracon_jobs.runs.ledger import ApprovalUsed, Ledger, ToolOutcome, arguments_hash

@@ -21,11 +21,11 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import RunCanceled, RunTakenAway
-from tracon_jobs.resilience.budgets import BudgetStore, Limits, Refusal
-from tracon_jobs.runs.budget import ChainUnreadable, TreeBudget, open_budget
+from tracon_jobs.limits.budget_store import BudgetStore, Limits, Refusal
+from tracon_jobs.limits.tenant_quotas import Quotas
+from tracon_jobs.limits.tree import ChainUnreadable, TreeBudget, open_budget
 from tracon_jobs.runs.execution import stopped
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
-from tracon_jobs.runs.quota import Quotas
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import SubAgents
 from tracon_jobs.settings import Settings

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Run, WorkflowNode
 from tracon_jobs.db.outages import rides_out_outages
-from tracon_jobs.runs.budget import MAX_CHAIN, ChainUnreadable
+from tracon_jobs.limits.tree import MAX_CHAIN, ChainUnreadable
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runs.reconcile import JOB_RESTARTED
 from tracon_jobs.runs.store import Event, NewRun, RunStore

@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
 from tracon_jobs.db.outages import retry_outages
-from tracon_jobs.providers.base import Message
-from tracon_jobs.resilience.budgets import (
+from tracon_jobs.limits.budget_store import (
     BUDGET_EXCEEDED,
     BudgetStore,
     Gate,
@@ -29,7 +28,8 @@ from tracon_jobs.resilience.budgets import (
     Totals,
     refusal_message,
 )
-from tracon_jobs.runs.quota import OwnQuota, Quotas, TenantQuota
+from tracon_jobs.limits.tenant_quotas import OwnQuota, Quotas, TenantQuota
+from tracon_jobs.providers.base import Message
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A tenant's quota is its own row in `tenant_quotas` (set by `tracon-jobs tenants quota`), else
 `Tenants.DefaultQuota`. A run reads it once, when it starts; the web reads it on every
-submission. The counter is in Redis (`tracon_jobs.resilience.quotas`) and rebuilt from SQL
+submission. The counter is in Redis (`tracon_jobs.limits.quota_store`) and rebuilt from SQL
 when it is gone. A store that cannot be reached lets work through and says so in the log, as
 the tree budget does: a lost Redis must not stop every tenant.
 """
@@ -20,8 +20,8 @@ from sqlalchemy import delete, func, select
 
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, TenantQuotaOverride
-from tracon_jobs.resilience.budgets import QUOTA_EXCEEDED, Refusal
-from tracon_jobs.resilience.quotas import (
+from tracon_jobs.limits.budget_store import QUOTA_EXCEEDED, Refusal
+from tracon_jobs.limits.quota_store import (
     PERIODS,
     Period,
     QuotaStore,
