@@ -18,7 +18,6 @@ import redis
 from tests.helpers import wait_until
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
-from tracon_jobs.resilience import concurrency
 from tracon_jobs.resilience.concurrency import (
     MemorySlotStore,
     RedisSlotStore,
@@ -264,10 +263,10 @@ def test_a_live_holder_keeps_its_slot_past_the_lease(redis_store: RedisSlotStore
 
 
 def test_a_waiter_that_stopped_polling_is_dropped(
-    redis_store: RedisSlotStore, monkeypatch: pytest.MonkeyPatch
+    redis_client: redis.Redis,
 ) -> None:
     # Given waiter leases of 300 ms, a holder, a waiter that crashed, and a live waiter
-    monkeypatch.setattr(concurrency, "WAITER_LEASE_MS", 300)
+    redis_store = RedisSlotStore(redis_client, waiter_lease_ms=300)
     assert acquire(redis_store, "holder")
     assert not acquire(redis_store, "crashed-waiter")
     assert not acquire(redis_store, "alive")
@@ -284,10 +283,10 @@ def test_a_waiter_that_stopped_polling_is_dropped(
 
 
 def test_usage_ignores_a_waiter_that_stopped_polling(
-    redis_store: RedisSlotStore, monkeypatch: pytest.MonkeyPatch
+    redis_client: redis.Redis,
 ) -> None:
     # Given waiter leases of 300 ms, a live holder and a waiter that crashed while queued
-    monkeypatch.setattr(concurrency, "WAITER_LEASE_MS", 300)
+    redis_store = RedisSlotStore(redis_client, waiter_lease_ms=300)
     assert acquire(redis_store, "holder")
     assert not acquire(redis_store, "crashed-waiter")
     assert redis_store.usage(P) == (1, 1)

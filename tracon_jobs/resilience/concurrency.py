@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.02
 WAITER_LEASE_MS = 3_000
+"""How long a queued caller keeps its place without polling again: a crashed waiter's place
+expires after it, so it never blocks the queue behind it for good."""
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,12 @@ class SlotStore(Protocol):
 
 
 class RedisSlotStore:
-    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+    def __init__(
+        self, client: redis.Redis, prefix: str = "tracon", *, waiter_lease_ms: int = WAITER_LEASE_MS
+    ) -> None:
         self.client = client
         self.prefix = prefix
+        self.waiter_lease_ms = waiter_lease_ms
         self.scripts = Scripts(client)
 
     def keys(self, provider: str) -> list[str]:
@@ -65,7 +70,7 @@ class RedisSlotStore:
         return [f"{base}:holders", f"{base}:queue", f"{base}:waiters", f"{base}:tickets"]
 
     def try_acquire(self, provider: str, token: str, limit: int, lease_ms: int) -> bool:
-        args = [token, limit, lease_ms, WAITER_LEASE_MS]
+        args = [token, limit, lease_ms, self.waiter_lease_ms]
         return bool(self.scripts("slot_acquire", self.keys(provider), args))
 
     def release(self, provider: str, token: str) -> None:
