@@ -11,7 +11,7 @@ import time
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from tracon_jobs.db import Database, engine
+from tracon_jobs.db import Database
 
 HOLD_SECONDS = 0.24
 
@@ -48,10 +48,9 @@ def test_a_writer_gets_the_lock_within_milliseconds_of_its_release(sqlite_url: s
 
 
 def test_past_the_busy_timeout_the_write_fails_and_the_connection_keeps_its_timeout(
-    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str,
 ) -> None:
-    monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 200)
-    db = Database(sqlite_url)
+    db = Database(sqlite_url, sqlite_busy_timeout_ms=200)
     with db.transaction():
         pass
     held = threading.Event()

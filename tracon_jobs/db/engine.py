@@ -31,6 +31,7 @@ from tracon_jobs import fast_paths
 from tracon_jobs.db.hot import FastConnection
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""How long a SQLite write waits for another writer's lock before it fails."""
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,18 @@ POOL_RECYCLE_SECONDS = 1800
 class Database:
     """One database URL; engines and session factories per process, thread-safe."""
 
-    def __init__(self, url: str, *, pool_size: int = 20, outage_retry_seconds: float = 0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 20,
+        outage_retry_seconds: float = 0,
+        sqlite_busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    ) -> None:
         self.url = normalize_url(url)
         self.pool_size = pool_size
         self.outage_retry_seconds = outage_retry_seconds  # see `db.outages`
+        self.sqlite_busy_timeout_ms = sqlite_busy_timeout_ms
         self._lock = threading.Lock()
         self._pid = -1
         self._engine: Engine | None = None
@@ -154,7 +163,7 @@ class Database:
     @contextmanager
     def _queued_writer(self) -> Iterator[None]:
         writer = self._writer
-        acquired = writer.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+        acquired = writer.acquire(timeout=self.sqlite_busy_timeout_ms / 1000)
         try:
             yield
         finally:
@@ -270,9 +279,9 @@ class Database:
             self.url,
             pool_size=self.pool_size,
             max_overflow=10,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            connect_args={"timeout": self.sqlite_busy_timeout_ms / 1000},
         )
-        _install_sqlite_hooks(engine)
+        _install_sqlite_hooks(engine, self.sqlite_busy_timeout_ms)
         return engine
 
 
@@ -309,7 +318,7 @@ WRITE_LOCK_POLL_SECONDS = (0.0002, 0.002)
 another process: from 0.2 ms, doubling up to 2 ms."""
 
 
-def _begin_immediate(driver: sqlite3.Connection) -> None:
+def _begin_immediate(driver: sqlite3.Connection, busy_timeout_ms: int) -> None:
     """`BEGIN IMMEDIATE`, waiting for another process's write lock by trying again every
     0.2-2 ms for up to the busy timeout (the connection's own timeout is off meanwhile).
 
@@ -319,7 +328,7 @@ def _begin_immediate(driver: sqlite3.Connection) -> None:
     it took it again for its next transaction. Only this wait polls: every other statement
     keeps the busy timeout (a reader in WAL mode is not blocked by the writer).
     """
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    deadline = time.monotonic() + busy_timeout_ms / 1000
     delay, longest = WRITE_LOCK_POLL_SECONDS
     driver.execute("PRAGMA busy_timeout=0")
     try:
@@ -333,7 +342,7 @@ def _begin_immediate(driver: sqlite3.Connection) -> None:
             time.sleep(delay)
             delay = min(delay * 2, longest)
     finally:
-        driver.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        driver.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -342,13 +351,13 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
 
 
-def _install_sqlite_hooks(engine: Engine) -> None:
+def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
@@ -364,6 +373,6 @@ def _install_sqlite_hooks(engine: Engine) -> None:
             if read_only:
                 driver.execute(statement)
             else:
-                _begin_immediate(driver)
+                _begin_immediate(driver, busy_timeout_ms)
         except sqlite3.Error as exc:
             raise OperationalError(statement, None, exc) from exc
