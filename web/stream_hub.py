@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 READERS = 4
 """Threads reading SQL for the hub: one read serves every follower of a run."""
 MAX_BUFFERED = 1024 * 1024
+"""Bytes a follower's unsent output may reach before the hub drops a client that stopped reading."""
 SWEEP_SECONDS = 0.5
 READ_LIMIT = 1000  # RunStore.events' page: a full page is followed by another read
 LAST_CHUNK = b"0\r\n\r\n"
@@ -83,10 +84,13 @@ class StreamHub:
         places: StreamPlaces,
         keepalive: float = KEEPALIVE_SECONDS,
         readers: int = READERS,
+        *,
+        max_buffered: int = MAX_BUFFERED,
     ) -> None:
         self.runs = runs
         self.places = places
         self.keepalive = keepalive
+        self.max_buffered = max_buffered
         self.selector = selectors.DefaultSelector()
         self.wake_in, self.wake_out = socket.socketpair()
         self.wake_in.setblocking(False)
@@ -277,7 +281,7 @@ class StreamHub:
                 self.drop(follower)
                 return
             del out[:sent]
-        if out and len(out) > MAX_BUFFERED:
+        if out and len(out) > self.max_buffered:
             log.info(
                 "live stream of run %s dropped: its client stopped reading", follower.follow.run_id
             )

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import MakeRuntime, claim_run, scripted_agent
-from tracon_jobs.cli.supervisor import wait_until
+from tests.helpers import MakeRuntime, claim_run, scripted_agent, wait_until
 from tracon_jobs.coordination.streams import StreamPlaces
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun
@@ -30,6 +29,15 @@ def runtime(make_runtime: MakeRuntime, sql_url: str) -> Runtime:
 @pytest.fixture
 def hub(runtime: Runtime) -> Iterator[StreamHub]:
     hub = StreamHub(runtime.runs, runtime.feed, StreamPlaces(runtime.redis, 2), keepalive=0.3)
+    yield hub
+    hub.close()
+
+
+@pytest.fixture
+def small_hub(runtime: Runtime) -> Iterator[StreamHub]:
+    """A hub that drops a client once 4 KiB wait unsent for it."""
+    places = StreamPlaces(runtime.redis, 2)
+    hub = StreamHub(runtime.runs, runtime.feed, places, keepalive=0.3, max_buffered=4096)
     yield hub
     hub.close()
 
@@ -122,9 +130,9 @@ def test_a_quiet_stream_gets_keepalives_and_a_client_that_leaves_frees_its_place
 
 
 def test_a_client_that_stops_reading_is_dropped_and_its_place_given_back(
-    runtime: Runtime, hub: StreamHub, monkeypatch: pytest.MonkeyPatch
+    runtime: Runtime, small_hub: StreamHub
 ) -> None:
-    monkeypatch.setattr("web.stream_hub.MAX_BUFFERED", 4096)
+    hub = small_hub
     run_id = new_run(runtime)
     claim = claim_run(runtime, run_id, "w1")
     assert claim is not None
