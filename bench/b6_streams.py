@@ -38,8 +38,7 @@ import redis
 from bench.b1_throughput import choose_redis, issue_api_key, tracon_env
 from bench.harness import run_benchmark, start_web
 from tracon_jobs.cli.supervisor import Supervisor
-from tracon_jobs.runs.lifecycle import RunStatus
-from tracon_jobs.runs.store import Claim
+from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import load_settings
 

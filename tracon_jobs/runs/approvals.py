@@ -297,7 +297,7 @@ class ApprovalStore:
             resumed = False
             if run.status == RunStatus.WAITING.value and not _pending(session, approval.run_id):
                 waited = _ms_between(run.waiting_since, event.at)
-                resumed = _requeue(session, approval.run_id, waited, event.at)
+                resumed = self.runs.requeue_in(session, approval.run_id, waited, event.at)
                 if resumed:
                     events.append(
                         self.runs.append_in(
@@ -435,21 +435,6 @@ def _pending(session: Session, run_id: str) -> int:
         APPROVALS.c.run_id == run_id, APPROVALS.c.status == ApprovalStatus.PENDING.value
     )
     return int(session.scalar(query) or 0)
-
-
-def _requeue(session: Session, run_id: str, waited_ms: int, now: datetime) -> bool:
-    changed = session.execute(
-        update(RUNS)
-        .where(RUNS.c.id == run_id, RUNS.c.status == RunStatus.WAITING.value)
-        .values(
-            status=RunStatus.QUEUED.value,
-            enqueued_at=now,  # sent right after commit; the requeue scan covers a lost send
-            waiting_since=None,
-            waited_ms=RUNS.c.waited_ms + waited_ms,
-        )
-        .returning(RUNS.c.id)
-    ).scalar_one_or_none()
-    return changed is not None
 
 
 def _ms_between(start: datetime | None, end: datetime) -> int:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Table, insert, select, update
-from sqlalchemy.orm import Session
 
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Run, WorkflowNode
@@ -167,7 +165,7 @@ class WorkflowStore:
             ).scalar_one_or_none()
             if answered is None:
                 raise RequestConflict(f"run '{run.id}' is not waiting for an answer")
-            waited = _close_waiting(session, run.id, now, {"continuedIn": new.id})
+            waited = self.runs.complete_waiting_in(session, run.id, now, {"continuedIn": new.id})
             if waited is None:
                 raise RequestConflict(f"run '{run.id}' is no longer waiting")
             data = {"node": answered, "continuationRunId": new.id}
@@ -201,28 +199,3 @@ class WorkflowStore:
         for event in events:
             self.runs.publish(event)
         return created
-
-
-def _close_waiting(
-    session: Session, run_id: str, now: datetime, output: dict[str, Any]
-) -> str | None:
-    waiting_since = session.execute(
-        select(RUNS.c.waiting_since)
-        .where(RUNS.c.id == run_id, RUNS.c.status == RunStatus.WAITING.value)
-        .with_for_update()
-    ).scalar_one_or_none()
-    if waiting_since is None:
-        return None
-    waited = max(int((now - waiting_since).total_seconds() * 1000), 0)
-    return session.execute(
-        update(RUNS)
-        .where(RUNS.c.id == run_id, RUNS.c.status == RunStatus.WAITING.value)
-        .values(
-            status=RunStatus.COMPLETED.value,
-            output=output,
-            ended_at=now,
-            waiting_since=None,
-            waited_ms=RUNS.c.waited_ms + waited,
-        )
-        .returning(RUNS.c.id)
-    ).scalar_one_or_none()

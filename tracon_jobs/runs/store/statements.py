@@ -1,0 +1,366 @@
+"""The run store's SQL, built once at import: guarded statements with bind parameters, and the
+few helpers that run them (the rows of a new run, its events, a spend's parameters).
+
+The run row hands out event sequence numbers (`event_seq`), so appending an event is one
+guarded `UPDATE ... RETURNING` plus an insert in the same transaction: the fence check and
+the ordering come from the same statement, on SQLite and PostgreSQL alike.
+
+The executor's writes (claim, append, spend, turn, close) are Core statements built once at
+import, with bind parameters: per call only the parameters change, so SQLAlchemy neither
+rebuilds them nor takes the ORM's bulk-update path, and its compiled cache always hits. The
+time they record is read inside the statement (`StatementClock`), not in a round trip first.
+
+On PostgreSQL a new run (the row and its `RunQueued`) and a run's final write (the fenced
+`UPDATE` and its events) are each one statement, `WITH ... AS (INSERT/UPDATE ... RETURNING)
+INSERT INTO run_events SELECT ...`, committed as it runs: atomic as a transaction would be,
+without the BEGIN and COMMIT round trips, and no event is written when the guard fails.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, cast
+
+from sqlalchemy import (
+    Column,
+    Connection,
+    Table,
+    bindparam,
+    case,
+    exists,
+    func,
+    insert,
+    inspect,
+    literal,
+    select,
+    text,
+    union_all,
+    update,
+)
+from sqlalchemy.orm import Session, configure_mappers, make_transient_to_detached
+from sqlalchemy.sql.dml import Insert, Update
+from sqlalchemy.sql.elements import BindParameter, ColumnElement, TextClause
+
+from tracon_jobs.db.engine import StatementClock
+from tracon_jobs.db.hot import hot
+from tracon_jobs.db.models import Run, RunEvent, TenantQuotaOverride
+from tracon_jobs.runs.lifecycle import RunStatus
+from tracon_jobs.runs.store.values import (
+    Event,
+    NewRun,
+    TurnSpend,
+)
+
+LIVE = [RunStatus.QUEUED.value, RunStatus.RUNNING.value, RunStatus.WAITING.value]
+
+RUNS = cast(Table, Run.__table__)
+EVENTS = cast(Table, RunEvent.__table__)
+_RUN_CLASS = inspect(Run).class_manager
+_NULL_RUN = dict.fromkeys(RUNS.c.keys())  # a column the insert left out is NULL in the row
+_NOW = StatementClock()
+
+Executes = Session | Connection
+"""What a statement of this store runs in: a caller's session, or the Core connection of
+the executor's own writes (`Database.transaction`)."""
+
+
+def _param(column: Column[Any]) -> BindParameter[Any]:
+    """A bind parameter typed like `column` (JSON, DateTime), named apart from the columns."""
+    return bindparam(f"p_{column.key}", type_=column.type)
+
+
+def _next_seq(*guard: ColumnElement[bool]) -> Update:
+    """Hand out the run's next event seq (and the time) where `guard` still holds."""
+    return (
+        update(RUNS)
+        .where(RUNS.c.id == _param(RUNS.c.id), *guard)
+        .values(event_seq=RUNS.c.event_seq + 1)
+        .returning(RUNS.c.event_seq, _NOW)
+    )
+
+
+_OWNED = (RUNS.c.fence == _param(RUNS.c.fence), RUNS.c.status == RunStatus.RUNNING.value)
+_APPEND = _next_seq()
+_APPEND_FENCED = _next_seq(*_OWNED)
+_SPEND: dict[str, Any] = dict(
+    model_id=_param(RUNS.c.model_id),
+    input_tokens=RUNS.c.input_tokens + _param(RUNS.c.input_tokens),
+    output_tokens=RUNS.c.output_tokens + _param(RUNS.c.output_tokens),
+    cost_amount=RUNS.c.cost_amount + _param(RUNS.c.cost_amount),
+    # once any call of a run had no price, the run's cost is `Unknown` for good
+    cost_source=case(
+        (RUNS.c.cost_source == "Unknown", "Unknown"), else_=_param(RUNS.c.cost_source)
+    ),
+)
+_APPEND_SPEND = _APPEND_FENCED.values(**_SPEND)
+_APPEND_COST = _APPEND_FENCED.values(cost_amount=RUNS.c.cost_amount + _param(RUNS.c.cost_amount))
+_APPEND_MANY_FENCED = _APPEND_FENCED.values(event_seq=RUNS.c.event_seq + bindparam("p_count"))
+_INSERT_EVENT = insert(EVENTS)
+_CREATE = (
+    insert(RUNS)
+    # enqueued: the caller sends right after; the requeue scan covers a crash in between
+    .values(created_at=_NOW, enqueued_at=_NOW)
+    .returning(RUNS.c.created_at)
+)
+_CLAIMABLE = (RUNS.c.id == _param(RUNS.c.id), RUNS.c.status == RunStatus.QUEUED.value)
+_NEW_ROW_COLUMNS = (
+    "id", "tenant_id", "agent", "kind", "status", "input", "parameters", "session_id",
+    "parent_run_id", "root_run_id", "depth", "continued_from_run_id", "attempt",
+    "turns_completed", "input_tokens", "output_tokens", "cost_amount", "cost_currency",
+    "cost_source", "fence", "event_seq", "enqueue_count", "waited_ms", "resumable",
+)  # fmt: skip
+_NEW_RUN = (
+    insert(RUNS)
+    .values({name: _param(RUNS.c[name]) for name in _NEW_ROW_COLUMNS})
+    .values(created_at=_NOW, enqueued_at=_NOW)
+    .returning(RUNS.c.id, RUNS.c.created_at)
+    .cte("new_run")
+)
+# PostgreSQL: the row and its `RunQueued` in one statement (`WITH new_run AS (INSERT ...)
+# INSERT INTO run_events SELECT ... FROM new_run`), committed as it runs
+_CREATE_QUEUED = (
+    insert(EVENTS)
+    .from_select(
+        ["run_id", "seq", "type", "at", "data"],
+        select(
+            _NEW_RUN.c.id,
+            literal(1),
+            literal("RunQueued"),
+            _NEW_RUN.c.created_at,
+            bindparam("p_data", type_=EVENTS.c.data.type),
+        ),
+    )
+    .returning(EVENTS.c.at)
+    .add_cte(_NEW_RUN, nest_here=True)
+)
+_QUOTAS = cast(Table, TenantQuotaOverride.__table__)
+
+_RUN_OF_TENANT = select(RUNS.c.id).where(
+    RUNS.c.id == bindparam("p_id"), RUNS.c.tenant_id == bindparam("p_tenant")
+)
+_EVENTS_AFTER = (
+    select(EVENTS.c.seq, EVENTS.c.type, EVENTS.c.at, EVENTS.c.data)
+    .where(EVENTS.c.run_id == bindparam("p_id"), EVENTS.c.seq > bindparam("p_after"))
+    .order_by(EVENTS.c.seq)
+    .limit(bindparam("p_limit"))
+)
+_OWN_QUOTA = _QUOTAS.c.tenant_id == RUNS.c.tenant_id
+# the tenant's own quota, which the run checks at its gates: no read of its own
+_OWN_QUOTA_COLUMNS = (
+    exists().where(_OWN_QUOTA).label("own_quota_found"),
+    select(_QUOTAS.c.period).where(_OWN_QUOTA).scalar_subquery().label("own_quota_period"),
+    select(_QUOTAS.c.cost_limit).where(_OWN_QUOTA).scalar_subquery().label("own_quota_limit"),
+)
+# a claim is the claimable row read (no lock), then made by the claim's first write with
+# that write's events (`RunStarted`, and the executor's next one maybe): `Queued` -> `Running`
+# with the next fence, only if nobody claimed the run since it was read
+_READ_CLAIMABLE = select(*RUNS.c, *_OWN_QUOTA_COLUMNS, _NOW.label("read_at")).where(*_CLAIMABLE)
+_MAKE_CLAIM = {
+    count: update(RUNS)
+    .where(*_CLAIMABLE, RUNS.c.fence == bindparam("p_read_fence"))
+    .values(
+        status=RunStatus.RUNNING.value,
+        fence=RUNS.c.fence + 1,
+        owner=_param(RUNS.c.owner),
+        started_at=func.coalesce(RUNS.c.started_at, _NOW),
+        heartbeat_at=_NOW,
+        event_seq=RUNS.c.event_seq + count,
+    )
+    .returning(RUNS.c.event_seq, RUNS.c.heartbeat_at.label("at"))
+    for count in (1, 2)
+}
+_SAVE_TURN = (
+    update(RUNS)
+    .where(RUNS.c.id == _param(RUNS.c.id), *_OWNED)
+    .values(messages=_param(RUNS.c.messages), turns_completed=_param(RUNS.c.turns_completed))
+    .returning(RUNS.c.id)
+)
+_MARK_ENQUEUED = (
+    update(RUNS)
+    .where(RUNS.c.id == _param(RUNS.c.id))
+    .values(enqueued_at=_NOW, enqueue_count=RUNS.c.enqueue_count + 1)
+)
+_CLOSE = (
+    update(RUNS)
+    .where(RUNS.c.id == _param(RUNS.c.id), RUNS.c.status == bindparam("p_expected"))
+    .values(
+        status=_param(RUNS.c.status),
+        output=_param(RUNS.c.output),
+        ended_at=_NOW,
+        error_type=_param(RUNS.c.error_type),
+        error_class=_param(RUNS.c.error_class),
+        error_message=_param(RUNS.c.error_message),
+        error_retry_after=_param(RUNS.c.error_retry_after),
+        model_attempts=_param(RUNS.c.model_attempts),
+        event_seq=RUNS.c.event_seq + 1,
+    )
+    .returning(RUNS.c.event_seq, _NOW.label("at"))
+)
+_CLOSE_FENCED = _CLOSE.where(RUNS.c.fence == _param(RUNS.c.fence))
+_CLOSE_SPEND = _CLOSE_FENCED.values(
+    event_seq=RUNS.c.event_seq + 2,  # the spend's `ModelCallCompleted`, then the terminal one
+    **_SPEND,
+)
+
+# SQLite runs these straight on the driver (`db/hot.py`): the executor's and the submit's
+# writes, each inside the process's turn on the write lock, and every live stream's reads.
+for _statement in (
+    _RUN_OF_TENANT,
+    _EVENTS_AFTER,
+    _APPEND,
+    _APPEND_FENCED,
+    _APPEND_SPEND,
+    _APPEND_MANY_FENCED,
+    _INSERT_EVENT,
+    _CREATE,
+    _READ_CLAIMABLE,
+    *_MAKE_CLAIM.values(),
+    _SAVE_TURN,
+    _MARK_ENQUEUED,
+    _CLOSE,
+    _CLOSE_FENCED,
+    _CLOSE_SPEND,
+):
+    hot(_statement)
+
+
+def _with_events(guarded: Update, count: int) -> Insert:
+    """PostgreSQL: `guarded` (an `UPDATE ... RETURNING event_seq, at` that handed out `count`
+    sequence numbers) and the insert of its `count` events in one statement; no row comes
+    back when the guard stopped the update. Event `i` takes bind parameters `p_type_i` and
+    `p_data_i`."""
+    changed = guarded.cte("changed")
+    rows = [
+        select(
+            bindparam("p_id", type_=EVENTS.c.run_id.type),
+            changed.c.event_seq - (count - 1 - i),
+            bindparam(f"p_type_{i}", type_=EVENTS.c.type.type),
+            changed.c.at,
+            bindparam(f"p_data_{i}", type_=EVENTS.c.data.type),
+        )
+        for i in range(count)
+    ]
+    source = rows[0] if count == 1 else union_all(*rows)
+    return (
+        insert(EVENTS)
+        .from_select(["run_id", "seq", "type", "at", "data"], source)
+        .returning(EVENTS.c.seq, EVENTS.c.at)
+        .add_cte(changed, nest_here=True)
+    )
+
+
+_CLOSE_IN_ONE = {
+    id(_CLOSE): _with_events(_CLOSE, 1),
+    id(_CLOSE_FENCED): _with_events(_CLOSE_FENCED, 1),
+    id(_CLOSE_SPEND): _with_events(_CLOSE_SPEND, 2),
+}
+_MAKE_CLAIM_IN_ONE = {count: _with_events(_MAKE_CLAIM[count], count) for count in (1, 2)}
+
+
+def _detached_run(values: dict[str, Any]) -> Run:
+    """A `Run` from a whole row, as the ORM hands it out after its session closed.
+
+    Built the way the ORM's loader builds one (a bare instance, its dict filled), then
+    given its identity: a sixth of the cost of `Run(**values)` and its attribute events.
+    Every column is loaded, so reading one never needs the closed session.
+    """
+    configure_mappers()  # a no-op once done; `new_instance` alone would not trigger it
+    run = _RUN_CLASS.new_instance()
+    run.__dict__.update(_NULL_RUN, **values)
+    make_transient_to_detached(run)
+    return run
+
+
+def _numbered(
+    run_id: str, last: int, at: datetime, typed: Sequence[tuple[str, dict[str, Any]]]
+) -> list[Event]:
+    """Events given by (type, data), numbered up to `last`."""
+    first = last - len(typed) + 1
+    return [Event(run_id, first + i, type_, at, data) for i, (type_, data) in enumerate(typed)]
+
+
+def _new_row(new: NewRun) -> dict[str, Any]:
+    """The columns of a new `Queued` run (its times are the statement's)."""
+    return dict(
+        id=new.id,
+        tenant_id=new.tenant_id,
+        agent=new.agent,
+        kind=new.kind,
+        status=RunStatus.QUEUED.value,
+        input=new.input,
+        parameters=new.parameters,
+        session_id=new.session_id,
+        parent_run_id=new.parent_run_id,
+        root_run_id=new.root_run_id or new.id,
+        depth=new.depth,
+        continued_from_run_id=new.continued_from_run_id,
+        attempt=new.attempt,
+        turns_completed=0,
+        input_tokens=0,
+        output_tokens=0,
+        cost_amount=Decimal(0),
+        cost_currency=new.currency,
+        cost_source="Configured",
+        fence=0,
+        event_seq=1,
+        enqueue_count=1,
+        waited_ms=0,
+        resumable=new.resumable,
+    )
+
+
+def _spend_params(spend: TurnSpend) -> dict[str, Any]:
+    return {
+        "p_model_id": spend.model_id,
+        "p_input_tokens": spend.input_tokens,
+        "p_output_tokens": spend.output_tokens,
+        "p_cost_amount": spend.cost,
+        "p_cost_source": spend.cost_source,
+    }
+
+
+def _insert_events(session: Executes, events: Sequence[Event]) -> None:
+    """Events of one transaction in one statement (a multi-row `INSERT ... VALUES`)."""
+    if len(events) == 1:
+        event = events[0]
+        _insert_event(session, event.run_id, event.seq, event.type, event.at, event.data)
+        return
+    params: dict[str, Any] = {}
+    for i, e in enumerate(events):
+        params.update({f"run_id_{i}": e.run_id, f"seq_{i}": e.seq, f"type_{i}": e.type})
+        params.update({f"at_{i}": e.at, f"data_{i}": e.data})
+    session.execute(_insert_many(len(events)), params)
+
+
+_EVENT_COLUMNS = ("run_id", "seq", "type", "at", "data")
+
+
+@functools.cache
+def _insert_many(count: int) -> TextClause:
+    """The insert of `count` events, with typed bind parameters, built once per count.
+
+    A text statement, because SQLAlchemy never caches the compiled form of a multi-row
+    `insert().values([...])` (it has no cache key): that was compiled again on every call.
+    """
+    rows = ", ".join(
+        "(" + ", ".join(f":{name}_{i}" for name in _EVENT_COLUMNS) + ")" for i in range(count)
+    )
+    binds = [
+        bindparam(f"{name}_{i}", type_=EVENTS.c[name].type)
+        for i in range(count)
+        for name in _EVENT_COLUMNS
+    ]
+    columns = ", ".join(_EVENT_COLUMNS)
+    return hot(text(f"INSERT INTO {EVENTS.name} ({columns}) VALUES {rows}").bindparams(*binds))
+
+
+def _insert_event(
+    session: Executes, run_id: str, seq: int, type_: str, at: datetime, data: dict[str, Any]
+) -> None:
+    """A Core insert: events are append-only, they never need the ORM's unit of work."""
+    session.execute(
+        _INSERT_EVENT, {"run_id": run_id, "seq": seq, "type": type_, "at": at, "data": data}
+    )

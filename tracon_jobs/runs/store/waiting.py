@@ -1,0 +1,97 @@
+"""Runs waiting for a person: `Running` -> `Waiting` in the transaction that records what they
+wait for, and each exit from it (queued again after the last approval, completed by the answer
+that continues its chain, canceled)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from tracon_jobs.errors import RunTakenAway
+from tracon_jobs.runs.lifecycle import (
+    Claim,
+    RunError,
+    RunStatus,
+)
+from tracon_jobs.runs.store.statements import (
+    _OWNED,
+    RUNS,
+)
+from tracon_jobs.runs.store.writes import RunWrites
+
+
+class WaitingRuns(RunWrites):
+    """Every way into and out of `Waiting`: a run that waits for a person holds no worker,
+    owner or heartbeat, and only a decision, an answer, an expiry or a cancel moves it on."""
+
+    def wait_in(self, session: Session, claim: Claim, since: datetime, **saved: Any) -> None:
+        """`Running` -> `Waiting` inside the caller's transaction: the run lets go of its
+        owner and heartbeat, remembers when it started waiting, and saves `saved` (its
+        conversation) for whoever continues it; `RunTakenAway` when it is no longer ours."""
+        self._ending[claim.run_id] = claim.fence
+        changed = session.execute(
+            update(RUNS)
+            .where(RUNS.c.id == claim.run_id, *_OWNED)
+            .values(
+                status=RunStatus.WAITING.value,
+                owner=None,
+                heartbeat_at=None,
+                waiting_since=since,
+                **saved,
+            )
+            .returning(RUNS.c.id),
+            {"p_id": claim.run_id, "p_fence": claim.fence},
+        ).scalar_one_or_none()
+        if changed is None:
+            raise RunTakenAway(f"run {claim.run_id} was taken away")
+
+    def requeue_in(self, session: Session, run_id: str, waited_ms: int, now: datetime) -> bool:
+        """`Waiting` -> `Queued` inside the caller's transaction (its last approval decided),
+        counting `waited_ms` as time waited; False when the run no longer waits. It is sent
+        right after the commit, and the requeue scan covers a lost send."""
+        changed = session.execute(
+            update(RUNS)
+            .where(RUNS.c.id == run_id, RUNS.c.status == RunStatus.WAITING.value)
+            .values(
+                status=RunStatus.QUEUED.value,
+                enqueued_at=now,
+                waiting_since=None,
+                waited_ms=RUNS.c.waited_ms + waited_ms,
+            )
+            .returning(RUNS.c.id)
+        ).scalar_one_or_none()
+        return changed is not None
+
+    def complete_waiting_in(
+        self, session: Session, run_id: str, now: datetime, output: dict[str, Any]
+    ) -> str | None:
+        """`Waiting` -> `Completed` with `output` inside the caller's transaction: a workflow
+        run answered, whose chain goes on in a new run; None when it no longer waits."""
+        waiting_since = session.execute(
+            select(RUNS.c.waiting_since)
+            .where(RUNS.c.id == run_id, RUNS.c.status == RunStatus.WAITING.value)
+            .with_for_update()
+        ).scalar_one_or_none()
+        if waiting_since is None:
+            return None
+        waited = max(int((now - waiting_since).total_seconds() * 1000), 0)
+        return session.execute(
+            update(RUNS)
+            .where(RUNS.c.id == run_id, RUNS.c.status == RunStatus.WAITING.value)
+            .values(
+                status=RunStatus.COMPLETED.value,
+                output=output,
+                ended_at=now,
+                waiting_since=None,
+                waited_ms=RUNS.c.waited_ms + waited,
+            )
+            .returning(RUNS.c.id)
+        ).scalar_one_or_none()
+
+    def close_waiting(self, run_id: str, error: RunError) -> bool:
+        """Close a run that waits for a person; it holds no worker, so nothing else stops."""
+        closed = self._close(run_id, RunStatus.WAITING, None, RunStatus.CANCELED, error=error)
+        return closed is not None
