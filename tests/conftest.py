@@ -38,6 +38,7 @@ from tracon_jobs.db.migrate import upgrade
 from tracon_jobs.db.models import Base
 from tracon_jobs.embedded_redis import EmbeddedRedis, answers, start_embedded
 from tracon_jobs.runs.dispatch import Sender
+from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings
 
@@ -193,11 +194,18 @@ def make_runtime(redis_client: redis.Redis, redis_url: str) -> Iterator[MakeRunt
     run messages sent through `sender` (Celery when None); closed after the test."""
     runtimes: list[Runtime] = []
 
-    def make(sql_url: str, /, *, sender: Sender | None = None, **sections: Any) -> Runtime:
+    def make(
+        sql_url: str,
+        /,
+        *,
+        sender: Sender | None = None,
+        child_claim_wait: float = CHILD_CLAIM_WAIT,
+        **sections: Any,
+    ) -> Runtime:
         sections.setdefault("Database", {"Url": sql_url})
         sections.setdefault("Redis", {"Url": redis_url})
         settings = Settings.model_validate(sections)
-        runtime = Runtime(settings, sender=sender)
+        runtime = Runtime(settings, sender=sender, child_claim_wait=child_claim_wait)
         runtimes.append(runtime)
         return runtime
 

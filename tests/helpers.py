@@ -18,6 +18,7 @@ from tracon_jobs.db.models import Run
 from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runs.lifecycle import Claim
 from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings, load_settings
 
@@ -30,7 +31,13 @@ class MakeRuntime(Protocol):
     configuration sections (`Agents=...`); closed after the test."""
 
     def __call__(
-        self, sql_url: str, /, *, sender: Sender | None = None, **sections: Any
+        self,
+        sql_url: str,
+        /,
+        *,
+        sender: Sender | None = None,
+        child_claim_wait: float = CHILD_CLAIM_WAIT,
+        **sections: Any,
     ) -> Runtime: ...
 
 

@@ -45,7 +45,7 @@ from tracon_jobs.runs.live import LiveRuns
 from tracon_jobs.runs.reconcile import Reconciler
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore
-from tracon_jobs.runs.subagents import SubAgents
+from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT, SubAgents
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
 from tracon_jobs.workflows.registry import WorkflowRegistry
@@ -69,6 +69,7 @@ class Runtime:
         sender: Sender | None = None,
         sleep: Sleep | None = None,
         workflows: WorkflowRegistry | None = None,
+        child_claim_wait: float = CHILD_CLAIM_WAIT,
     ) -> None:
         self.settings = settings
         self.db = Database(
@@ -94,6 +95,7 @@ class Runtime:
         self.sleep = sleep  # tool retry backoff; tests pass one that does not wait
         self.dispatcher = RunDispatcher(self.runs, sender or self._send_with_celery)
         self.workflow_registry = workflows or default_workflows
+        self.child_claim_wait = child_claim_wait  # see `runs.subagents`; tests shorten it
         import_tool_modules(settings.tool_modules)
         import_modules("WorkflowModules", settings.workflow_modules)
         check_agent_tools(settings, self.tools)
@@ -231,7 +233,12 @@ class Runtime:
     @cached_property
     def subagents(self) -> SubAgents:
         return SubAgents(
-            self.runs, self.feed, self.dispatcher, self.cancel_bus, self.approval_store
+            self.runs,
+            self.feed,
+            self.dispatcher,
+            self.cancel_bus,
+            self.approval_store,
+            claim_wait=self.child_claim_wait,
         )
 
     @cached_property

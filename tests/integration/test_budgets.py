@@ -19,9 +19,11 @@ from tracon_jobs.limits.budget_store import (
     Totals,
 )
 from tracon_jobs.limits.tree import seed_totals
-from tracon_jobs.runs import subagents
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
+
+QUICK_CHILD_CLAIM = 0.2
+"""Seconds a parent lets other workers claim its child: no worker runs here, so be quick."""
 
 LOOP = [
     {
@@ -32,11 +34,6 @@ LOOP = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _quick_child_claim(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(subagents, "CHILD_CLAIM_WAIT", 0.2)
-
-
 def runtime_with(
     make_runtime: MakeRuntime,
     url: str,
@@ -44,7 +41,8 @@ def runtime_with(
     tools: list[str],
     **sections: Any,
 ) -> Runtime:
-    return make_runtime(url, sender=hold_queued, **(scripted_agent(script, tools) | sections))
+    sections = scripted_agent(script, tools) | sections
+    return make_runtime(url, sender=hold_queued, child_claim_wait=QUICK_CHILD_CLAIM, **sections)
 
 
 def run_demo(runtime: Runtime, agent: str = "demo") -> Any:
@@ -161,7 +159,9 @@ SUPERVISOR = {
 
 
 def supervisor(make_runtime: MakeRuntime, url: str, **graph: Any) -> Runtime:
-    return make_runtime(url, sender=hold_queued, **SUPERVISOR, AgentGraph=graph)
+    return make_runtime(
+        url, sender=hold_queued, child_claim_wait=QUICK_CHILD_CLAIM, **SUPERVISOR, AgentGraph=graph
+    )
 
 
 def test_a_sub_agent_is_a_child_run_of_the_tree(

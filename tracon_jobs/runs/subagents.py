@@ -59,8 +59,11 @@ class SubAgents:
         dispatcher: RunDispatcher,
         cancel_bus: CancelBus,
         approvals: ApprovalStore,
+        *,
+        claim_wait: float = CHILD_CLAIM_WAIT,
     ) -> None:
         self.runs = runs
+        self.claim_wait = claim_wait
         self.approvals = approvals
         self.feed = feed
         self.dispatcher = dispatcher
@@ -90,7 +93,7 @@ class SubAgents:
         self, child_id: str, signal: AbortSignal, run_inline: Callable[[str], object]
     ) -> ToolOutcome:
         """The child's answer as the tool's outcome; `run_inline` runs it if nobody claimed it."""
-        claimed = self._wait(child_id, signal, lambda run: run.status != "Queued", CHILD_CLAIM_WAIT)
+        claimed = self._wait(child_id, signal, lambda run: run.status != "Queued", self.claim_wait)
         if not claimed and not signal.aborted:
             run_inline(child_id)  # dropped if a worker claimed it meanwhile
         self._wait(child_id, signal, lambda run: RunStatus(run.status).is_terminal, None)
