@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from tracon_jobs.celery_app import CONTROL_QUEUE
 from tracon_jobs.settings import Settings
+from tracon_jobs.worker.app import CONTROL_QUEUE
 
 __all__ = [
     "APPROVAL_EXPIRY_TASK",

@@ -189,8 +189,8 @@ DEFERRED = ("budget_spend", "quota_spend", "breaker_record")
 def script_names() -> dict[str, str]:
     """The SHA1 of every Lua script tracon loads -> its name, to tell EVALSHA calls apart;
     scripts run together in one call (`coordination.scripts.deferring`) as `a+b+c`."""
-    from tracon_jobs import broker
     from tracon_jobs.coordination.scripts import LUA, composed_source
+    from tracon_jobs.worker import broker
 
     sources = {path.stem: path.read_text() for path in LUA.glob("*.lua")}
     names = sorted(sources)

@@ -1,6 +1,6 @@
 """The plain-Celery yardstick of B1 and B2: tasks on the same broker settings as ours.
 
-It mirrors `tracon_jobs.celery_app.create_celery` (JSON, no results, early acks, task and
+It mirrors `tracon_jobs.worker.app.create_celery` (JSON, no results, early acks, task and
 sent events) so that the ratio measures tracon's own work per run, not a Celery setting.
 
 - `bench.noop` (B1) INCRs a Redis counter: the only way the benchmark can see it finish.

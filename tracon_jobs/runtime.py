@@ -23,12 +23,10 @@ from redis.retry import Retry
 from tracon_jobs import fast_paths
 from tracon_jobs.agents.tools import ToolRegistry
 from tracon_jobs.agents.tools import registry as default_tools
-from tracon_jobs.celery_app import CONTROL_QUEUE, Describe, create_celery, describe_runs
 from tracon_jobs.coordination.cancellation import RedisCancelBus
 from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
 from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
 from tracon_jobs.db import Database
-from tracon_jobs.drain import WorkerDrain
 from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
 from tracon_jobs.limits.budget_store import RedisBudgetStore
 from tracon_jobs.limits.quota_store import RedisQuotaStore
@@ -39,7 +37,7 @@ from tracon_jobs.resilience.cache import RedisResponseCache
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
 from tracon_jobs.runs.approvals import Approvals, ApprovalStore
 from tracon_jobs.runs.continuation import Continuations
-from tracon_jobs.runs.dispatch import RUNS_QUEUE, RunDispatcher, Sender, celery_sender
+from tracon_jobs.runs.dispatch import RunDispatcher, Sender
 from tracon_jobs.runs.executor import Resilience, RunExecutor
 from tracon_jobs.runs.live import LiveRuns
 from tracon_jobs.runs.reconcile import Reconciler
@@ -48,6 +46,9 @@ from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT, SubAgents
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
+from tracon_jobs.worker.app import CONTROL_QUEUE, Describe, create_celery, describe_runs
+from tracon_jobs.worker.drain import WorkerDrain
+from tracon_jobs.worker.envelope import RUNS_QUEUE, celery_sender
 from tracon_jobs.workflows.registry import WorkflowRegistry
 from tracon_jobs.workflows.registry import registry as default_workflows
 from tracon_jobs.workflows.resume import WorkflowResumes

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from flask import Flask, current_app, request
 
-from tracon_jobs.drain import web_draining
+from tracon_jobs.drain_file import web_draining
 from web.idempotency import before_new_work
 from web.problems import Problem
 

@@ -13,9 +13,9 @@ import redis
 
 from tests.e2e.cluster import Cluster, wait_for_log, wait_until
 from tests.helpers import MakeRuntime, scripted_agent
-from tracon_jobs.runs.dispatch import celery_sender
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
+from tracon_jobs.worker.envelope import celery_sender
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -14,9 +14,9 @@ from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.helpers import MakeRuntime, scripted_agent
 from tests.stub_provider import StubProvider, error, hang, reply
 from tracon_jobs.db.models import Run
-from tracon_jobs.runs.dispatch import EXECUTE_TASK
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
+from tracon_jobs.worker.envelope import EXECUTE_TASK
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 HOST = socket.gethostname()

@@ -13,9 +13,9 @@ import redis
 from celery import Celery
 from kombu import Connection, Consumer, Queue
 
-from tracon_jobs import broker
-from tracon_jobs.broker import ACK_DELAY_SECONDS, TRANSPORT, Channel, QoS, transport_for
 from tracon_jobs.cli.supervisor import wait_until
+from tracon_jobs.worker import broker
+from tracon_jobs.worker.broker import ACK_DELAY_SECONDS, TRANSPORT, Channel, QoS, transport_for
 
 
 def test_a_channel_hands_out_one_client_for_every_operation(redis_url: str) -> None:

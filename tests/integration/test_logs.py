@@ -13,9 +13,9 @@ import pytest
 
 from tests.helpers import MakeRuntime, Script, scripted_agent
 from tracon_jobs import logs, tool
-from tracon_jobs.celery_app import RunEndedFailed, describe_runs, run_task
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
+from tracon_jobs.worker.app import RunEndedFailed, describe_runs, run_task
 
 probe_log = logging.getLogger("tests.log_probe")
 

@@ -18,10 +18,10 @@ from prometheus_client import REGISTRY
 
 from tests.helpers import MakeRuntime, ThreadWorker, scripted_agent
 from tracon_jobs import metrics
-from tracon_jobs.celery_app import RunEndedCanceled, RunEndedFailed, describe_runs, run_task
 from tracon_jobs.embedded_redis import free_port
 from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runtime import Runtime
+from tracon_jobs.worker.app import RunEndedCanceled, RunEndedFailed, describe_runs, run_task
 from web import create_app
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -233,7 +233,7 @@ def test_run_ids_agent_and_tenant_travel_as_task_kwargs(
 ) -> None:
     """`celery_sender` names the run's agent and tenant (read by `describe`), so Flower's
     task list shows them; a broker that refuses counts as refused."""
-    from tracon_jobs.runs.dispatch import celery_sender
+    from tracon_jobs.worker.envelope import celery_sender
 
     sent: list[dict[str, Any]] = []
 

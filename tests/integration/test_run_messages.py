@@ -17,8 +17,8 @@ from celery import Celery
 from tests.helpers import MakeRuntime, scripted_agent
 from tracon_jobs.embedded_redis import free_port
 from tracon_jobs.errors import EnqueueError
-from tracon_jobs.runs.dispatch import RUNS_QUEUE, celery_sender
 from tracon_jobs.runs.store import NewRun, RunFilter
+from tracon_jobs.worker.envelope import RUNS_QUEUE, celery_sender
 
 PER_MESSAGE = {"id", "root_id", "correlation_id", "delivery_tag"}
 

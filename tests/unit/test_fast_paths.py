@@ -9,14 +9,14 @@ import pytest
 from sqlalchemy import Connection
 
 from tracon_jobs import fast_paths
-from tracon_jobs.broker import TRANSPORT, transport_for
-from tracon_jobs.celery_app import create_celery
 from tracon_jobs.db import Database
 from tracon_jobs.db.hot import FastConnection
 from tracon_jobs.errors import ConfigurationError
 from tracon_jobs.settings import Settings
 from tracon_jobs.settings.loading import load_settings
-from tracon_jobs.worker_events import CONSUMER
+from tracon_jobs.worker.app import create_celery
+from tracon_jobs.worker.broker import TRANSPORT, transport_for
+from tracon_jobs.worker.events import CONSUMER
 
 
 @pytest.fixture

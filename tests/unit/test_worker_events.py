@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracon_jobs.worker_events import EVENT_FLUSH_SECONDS, BatchingConsumer
+from tracon_jobs.worker.events import EVENT_FLUSH_SECONDS, BatchingConsumer
 
 
 class FakeHub:

@@ -11,7 +11,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from tracon_jobs.cli.context import CommandError, load_runtime
-from tracon_jobs.drain import clear_web_drain, drain_file, start_web_drain
+from tracon_jobs.drain_file import clear_web_drain, drain_file, start_web_drain
 from tracon_jobs.resilience.views import circuits_view
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.util import import_app
 
 from tracon_jobs.cli.context import VAR, ensure_database_dir, load_runtime, safe_url
-from tracon_jobs.drain import clear_web_drain, start_web_drain
+from tracon_jobs.drain_file import clear_web_drain, start_web_drain
 from tracon_jobs.settings import load_settings
 
 if TYPE_CHECKING:

@@ -1,15 +1,12 @@
-"""Graceful stops: refuse new runs, give in-flight runs `Drain.Timeout`, then exit.
+"""A worker's graceful stop: refuse new runs, give in-flight runs `Drain.Timeout`, then exit.
 
-Worker: Celery's own warm shutdown waits for tasks forever and its SIGTERM handler cannot
+Celery's own warm shutdown waits for tasks forever and its SIGTERM handler cannot
 be bounded, so once the worker is ready we take SIGTERM over. With `Drain.Enabled` the
 worker stops consuming, waits for its executing runs up to the timeout, then lets Celery
 finish a warm shutdown (unstarted messages go back to the broker) or, with runs still
 stuck, exits hard and leaves them to reconciliation. Without drain it exits at once.
 
-Web: draining is a flag file (`TRACON_DRAIN_FILE`, default `var/drain`) that the web
-processes read on every run-starting request; SIGTERM to the gunicorn arbiter, or
-`tracon-jobs drain`, creates it, and the listener stays open for `Drain.Timeout` so the
-node can answer 503 while the load balancer moves away.
+A web node drains by its flag file (`tracon_jobs.drain_file`).
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -29,31 +25,6 @@ from tracon_jobs.runs.live import LiveRuns
 from tracon_jobs.settings import DrainSettings
 
 log = logging.getLogger(__name__)
-
-DRAIN_FILE_ENV = "TRACON_DRAIN_FILE"
-DEFAULT_DRAIN_FILE = "var/drain"
-
-
-def drain_file() -> Path:
-    return Path(os.environ.get(DRAIN_FILE_ENV, DEFAULT_DRAIN_FILE))
-
-
-def web_draining() -> bool:
-    return drain_file().exists()
-
-
-def start_web_drain() -> Path:
-    path = drain_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(str(os.getpid()))
-    return path
-
-
-def clear_web_drain() -> None:
-    drain_file().unlink(missing_ok=True)
-
-
-# -- worker --------------------------------------------------------------------------------
 
 
 class WorkerDrain:

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 EVENT_FLUSH_SECONDS = 0.1
 """How long a task event may wait for others to share its publish."""
 
-CONSUMER = "tracon_jobs.worker_events:BatchingConsumer"
+CONSUMER = "tracon_jobs.worker.events:BatchingConsumer"
 """Celery's `worker_consumer`."""
 
 

@@ -27,12 +27,12 @@ from kombu import Queue
 from sqlalchemy import select
 
 from tracon_jobs import fast_paths, logs, metrics
-from tracon_jobs.broker import transport_for
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, Tenant
-from tracon_jobs.runs.dispatch import EXECUTE_TASK, RUNS_QUEUE, label_runs_with
 from tracon_jobs.settings import Settings
-from tracon_jobs.worker_events import CONSUMER
+from tracon_jobs.worker.broker import transport_for
+from tracon_jobs.worker.envelope import EXECUTE_TASK, RUNS_QUEUE, label_runs_with
+from tracon_jobs.worker.events import CONSUMER
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ says what the run's `ModelCallStarted` and `ModelCallCompleted` events say."""
 
 CONTROL_QUEUE = "tracon.control"
 """The queue of the periodic tasks, apart from runs so a backlog never delays a scan."""
-WORKER_POOL = "tracon_jobs.threads:StartedTaskPool"
-"""Celery's thread pool, its threads started with it (`threads.py`)."""
+WORKER_POOL = "tracon_jobs.worker.pool:StartedTaskPool"
+"""Celery's thread pool, its threads started with it (`pool.py`)."""
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from tracon_jobs import fast_paths
 
 log = logging.getLogger(__name__)
 
-TRANSPORT = "tracon_jobs.broker:Transport"
+TRANSPORT = "tracon_jobs.worker.broker:Transport"
 """Celery's `broker_transport` for a `redis://` broker URL."""
 
 
