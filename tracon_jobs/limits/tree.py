@@ -57,6 +57,11 @@ class TreeBudget:
         refusal = self._gate("model", reserve)
         return refusal, 0 if refusal else reserve
 
+    def reservation(self, tokens: int) -> Reservation:
+        """The tokens a gate reserved for one model call, as a context manager: every way
+        out of the call that does not spend them hands them back."""
+        return Reservation(self, tokens)
+
     def refuse_tool_call(self) -> Refusal | None:
         return self._gate("tool")
 
@@ -108,6 +113,30 @@ class TreeBudget:
         if verdict.allowed:
             return None
         return Refusal(BUDGET_EXCEEDED, refusal_message(verdict, self.limits, self.currency))
+
+
+@dataclass
+class Reservation:
+    """Tokens a model call holds in its tree's budget. Leaving the `with` block hands them
+    back unless the call's spend took them over (`spent_by`): a call refused by the circuit,
+    taken away, canceled or failed leaves no reservation behind, whichever way it ends."""
+
+    budget: TreeBudget
+    tokens: int
+    settled: bool = False
+
+    def spent_by(self, *, tokens: int, cost: Decimal, unknown: bool) -> None:
+        """The call's spend, releasing the reservation in the same store call."""
+        self.settled = True
+        self.budget.spent(released=self.tokens, tokens=tokens, cost=cost, unknown=unknown)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self.settled and self.tokens:
+            self.settled = True
+            self.budget.spent(released=self.tokens, tokens=0, cost=Decimal(0), unknown=False)
 
 
 def estimate_tokens(messages: list[Message]) -> int:

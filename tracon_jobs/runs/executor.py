@@ -41,7 +41,7 @@ from tracon_jobs.errors import (
 )
 from tracon_jobs.limits.budget_store import BudgetStore, Limits
 from tracon_jobs.limits.tenant_quotas import OwnQuota, Quotas
-from tracon_jobs.limits.tree import ChainUnreadable, TreeBudget, open_budget
+from tracon_jobs.limits.tree import ChainUnreadable, Reservation, TreeBudget, open_budget
 from tracon_jobs.pricing import price_at
 from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, ToolCall
 from tracon_jobs.providers.registry import ProviderRegistry
@@ -67,6 +67,7 @@ from tracon_jobs.runs.execution import (
     config_failure,
     stopped,
 )
+from tracon_jobs.runs.kinds import KindRunner
 from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import AnyClaim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import CANCELED, LiveRuns
@@ -80,7 +81,6 @@ from tracon_jobs.runs.toolcalls import (
     unanswered_calls,
 )
 from tracon_jobs.settings import AgentSettings, Settings
-from tracon_jobs.workflows.runner import WorkflowRunner
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class RunExecutor:
         children: SubAgents,
         approvals: ApprovalStore,
         *,
-        workflows: WorkflowRunner | None = None,
+        workflows: KindRunner | None = None,
         owner_id: str,
         draining: threading.Event,
         cache: ResponseCache | None = None,
@@ -352,7 +352,11 @@ class RunExecutor:
         started = time.monotonic()
         ex.link_first_call = ex.next_call
         try:
-            admission = _Admission(self, ex, link, self.breaker.admit_later(link.provider_name))
+            admission = _Admission(
+                self.breaker.admit_later(link.provider_name),
+                self.breaker.release,
+                lambda change: self._report_circuit(ex, link.provider_name, change),
+            )
         except ProviderError as exc:  # the circuit is open: the provider is never called
             self._attempt_log(ex, link, started, exc, rejected=True)
             raise LinkFailed(exc, transient=True) from exc
@@ -479,27 +483,23 @@ class RunExecutor:
         except RunFailure:
             admission.ticket()  # an open circuit answers first, as when asked before the gate
             raise
-        ticket = admission.ticket(reserved)
-        try:
+        # a call not made (circuit open, run taken away) or failed hands its tokens back
+        with ex.tree_budget().reservation(reserved) as reservation:
+            ticket = admission.ticket()
             self.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
-        except RunTakenAway:  # the call is not made: the tokens reserved for it go back
-            ex.tree_budget().spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
-            raise
-        cache_key, cached = self._cached(ex, link, request)
-        if cached is not None:
-            ex.tree_budget().spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
-            self._record_spend(ex, link, cached, index, 0, cached=True)
-            return cached
-        try:
-            with (
-                self.slots.hold(link.provider_name, ex.signal),
-                metrics.timed_model_call(link.provider_name, link.model),
-            ):
-                response = link.provider.complete(request, ex.signal)
-        except ProviderError as exc:
-            ex.tree_budget().spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
-            raise self._model_call_failed(ex, link, ticket, exc) from exc
-        self._record_spend(ex, link, response, index, reserved, ticket=ticket)
+            cache_key, cached = self._cached(ex, link, request)
+            if cached is not None:
+                self._record_spend(ex, link, cached, index, reservation, cached=True)
+                return cached
+            try:
+                with (
+                    self.slots.hold(link.provider_name, ex.signal),
+                    metrics.timed_model_call(link.provider_name, link.model),
+                ):
+                    response = link.provider.complete(request, ex.signal)
+            except ProviderError as exc:
+                raise self._model_call_failed(ex, link, ticket, exc) from exc
+            self._record_spend(ex, link, response, index, reservation, ticket=ticket)
         if cache_key is not None and self.cache is not None:
             config = ex.agent.cache
             ttl_ms = int(config.ttl.total_seconds() * 1000)
@@ -554,7 +554,7 @@ class RunExecutor:
         link: Link,
         response: ModelResponse,
         index: int,
-        reserved: int,
+        reservation: Reservation,
         *,
         cached: bool = False,
         ticket: Ticket | None = None,
@@ -577,8 +577,7 @@ class RunExecutor:
             currency,
         )
         with deferring():  # the spends wait for the next call that needs a reply (`execute`)
-            ex.tree_budget().spent(
-                released=reserved,
+            reservation.spent_by(
                 tokens=response.usage.total_tokens,
                 cost=amount,
                 unknown=source == "Unknown",
@@ -618,20 +617,25 @@ class RunExecutor:
 
 class _Admission:
     """A link's circuit admission, read once: with the link's first budget gate (one round
-    trip for both), or on its own before a resumed turn's tool calls."""
+    trip for both), or on its own before a resumed turn's tool calls.
+
+    It holds only what it uses: the breaker's pending admission, the release of its
+    ticket, and the report of a circuit change (the run's `CircuitStateChanged` event)."""
 
     def __init__(
-        self, executor: RunExecutor, ex: Execution, link: Link, pending: Callable[[], Ticket]
+        self,
+        pending: Callable[[], Ticket],
+        release: Callable[[Ticket], None],
+        report: Callable[[Admission | None], None],
     ) -> None:
-        self.executor = executor
-        self.ex = ex
-        self.link = link
         self.pending: Callable[[], Ticket] | None = pending
+        self.release_ticket = release
+        self.report = report
         self.admitted: Ticket | None = None
 
-    def ticket(self, reserved: int = 0) -> Ticket:
-        """The link's ticket; `LinkRejected` while the circuit is open (handing back the
-        tokens the gate just reserved for a call that will not be made)."""
+    def ticket(self) -> Ticket:
+        """The link's ticket; `LinkRejected` while the circuit is open (the call's
+        reservation, left by this exception, hands its tokens back)."""
         if self.admitted is not None:
             return self.admitted
         assert self.pending is not None, "a rejected link is not used again"
@@ -639,12 +643,9 @@ class _Admission:
         try:
             ticket = pending()
         except ProviderError as exc:
-            if reserved:
-                budget = self.ex.tree_budget()
-                budget.spent(released=reserved, tokens=0, cost=Decimal(0), unknown=False)
             raise LinkRejected(exc) from exc
         self.admitted = ticket
-        self.executor._report_circuit(self.ex, self.link.provider_name, ticket.change)
+        self.report(ticket.change)
         return ticket
 
     def release(self) -> None:
@@ -656,7 +657,7 @@ class _Admission:
             except LinkRejected:
                 return
         if self.admitted is not None:
-            self.executor.breaker.release(self.admitted)
+            self.release_ticket(self.admitted)
 
 
 def initial_messages(agent: AgentSettings, run: Run) -> list[Message]:
