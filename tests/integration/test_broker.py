@@ -13,8 +13,7 @@ import redis
 from celery import Celery
 from kombu import Connection, Consumer, Queue
 
-from tracon_jobs.cli.supervisor import wait_until
-from tracon_jobs.worker import broker
+from tests.helpers import wait_until
 from tracon_jobs.worker.broker import ACK_DELAY_SECONDS, TRANSPORT, Channel, QoS, transport_for
 
 
@@ -236,13 +235,14 @@ def test_what_a_failed_delivery_left_undelivered_goes_back_to_its_queue(
 
 
 def test_acknowledgements_go_with_the_next_take_or_at_shutdown(
-    redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, redis_client: redis.Redis
 ) -> None:
-    monkeypatch.setattr(broker, "ACK_DELAY_SECONDS", 60)  # only the take or a restore
     name = _queue_name()
     with Connection(redis_url, transport=TRANSPORT) as connection:
         _put(connection, name, 2)
         channel, received = _consume(connection, name, prefetch=1)
+        assert isinstance(channel.qos, QoS)
+        channel.qos.ack_delay_seconds = 60  # only the take or a restore
         connection.drain_events(timeout=5)
         first = received[0]
 

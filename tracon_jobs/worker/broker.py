@@ -134,6 +134,8 @@ class QoS(kombu_redis.QoS):
         self._acks: list[str] = []  # acknowledged here, not yet out of Redis
         self._acks_lock = threading.Lock()
         self._acks_timer: threading.Timer | None = None
+        # kombu builds the QoS of each channel, so its ack delay is set on the instance
+        self.ack_delay_seconds = ACK_DELAY_SECONDS
         self.recorded: set[str] = set()  # tags the take script put in the unacked hash
 
     def append(self, message: Any, delivery_tag: str) -> None:
@@ -169,7 +171,7 @@ class QoS(kombu_redis.QoS):
         with self._acks_lock:
             self._acks.extend(delivery_tags)
             if self._acks_timer is None:
-                self._acks_timer = threading.Timer(ACK_DELAY_SECONDS, self.flush_acks)
+                self._acks_timer = threading.Timer(self.ack_delay_seconds, self.flush_acks)
                 self._acks_timer.daemon = True
                 self._acks_timer.start()
 
