@@ -54,7 +54,8 @@ class WaitingForAnswer(BaseException):
 
 
 class WorkflowRunner:
-    """Runs claimed workflow runs; the executor hands it every run of kind `workflow`."""
+    """Runs claimed workflow runs; the executor hands it every run of kind `workflow`
+    (the `runs.kinds.KindRunner` the composition root gives it)."""
 
     def __init__(
         self,
