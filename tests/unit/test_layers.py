@@ -1,13 +1,15 @@
 """The import graph points one way: no circle among the modules of `tracon_jobs`, `web` and
-`beat_schedules`; nothing below `web` imports `web`, the command line or `beat_schedules`;
+`beat_schedules`; every module sits in a layer (`LAYERS`, bottom to top) and imports nothing
+of a higher one; nothing below `web` imports `web`, the command line or `beat_schedules`;
 domain code never takes the composition root; `coordination` is Redis-only.
 
 Read from the source with `ast` (every import, function-local and `TYPE_CHECKING` ones
-included), so a lazy import cannot hide a circle."""
+included), so a lazy import cannot hide a circle or an upward arrow."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +95,92 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "leaves",  # import nothing of the project
+        (
+            "tracon_jobs.errors",
+            "tracon_jobs.abort",
+            "tracon_jobs.logs",
+            "tracon_jobs.startup",
+            "tracon_jobs.handoff",
+            "tracon_jobs.drain_file",
+            "tracon_jobs.embedded_redis",
+        ),
+    ),
+    ("switches", ("tracon_jobs.fast_paths",)),
+    ("stores", ("tracon_jobs.coordination", "tracon_jobs.db")),
+    ("models and tools", ("tracon_jobs.providers", "tracon_jobs.agents")),
+    (
+        "what the domain reads",  # settings name the providers' capabilities
+        (
+            "tracon_jobs.settings",
+            "tracon_jobs.metrics",
+            "tracon_jobs.pricing",
+            "tracon_jobs.idempotency",
+        ),
+    ),
+    # the providers' guards; the spend limits: tree budgets and tenant quotas
+    ("guards and limits", ("tracon_jobs.resilience", "tracon_jobs.limits")),
+    ("runs", ("tracon_jobs.runs",)),
+    ("built on runs", ("tracon_jobs.workflows", "tracon_jobs.tenants")),
+    ("the Python surface", ("tracon_jobs", "tracon_jobs.demo")),  # `tracon_jobs`: its __init__
+    ("Celery", ("tracon_jobs.worker",)),
+    ("composition root", ("tracon_jobs.runtime",)),
+    ("periodic tasks", ("beat_schedules",)),
+    ("entry points", ("web", "tracon_jobs.cli")),
+)
+"""Bottom to top: a module may import its own layer and those below it. An entry names a
+module or a package with everything in it (the longest entry wins); `tracon_jobs` names only
+the package's `__init__`, so a new top-level module must be placed here."""
+
+
+def ranks(
+    names: Iterable[str], layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS
+) -> dict[str, int]:
+    """Each name's layer (its index in `layers`); a name no entry covers is left out."""
+    found = {}
+    for name in names:
+        matches = [
+            (len(entry), index)
+            for index, (_, entries) in enumerate(layers)
+            for entry in entries
+            if name == entry or (entry != "tracon_jobs" and name.startswith(entry + "."))
+        ]
+        if matches:
+            found[name] = max(matches)[1]
+    return found
+
+
+def upward(
+    edges: dict[str, set[str]], layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS
+) -> list[str]:
+    """Every import of a module of a higher layer, as `importer (layer) -> imported (layer)`."""
+    rank = ranks(edges, layers)
+    return sorted(
+        f"{name} ({layers[rank[name]][0]}) -> {target} ({layers[rank[target]][0]})"
+        for name, targets in edges.items()
+        for target in targets
+        if name in rank and target in rank and rank[target] > rank[name]
+    )
+
+
+def test_every_module_has_a_layer() -> None:
+    edges = graph()
+    assert sorted(set(edges) - ranks(edges).keys()) == []
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    assert upward(graph()) == []
+
+
+def test_the_reader_sees_an_upward_arrow_when_there_is_one() -> None:
+    layers = (("low", ("b",)), ("high", ("a",)))
+    edges = {"a.x": {"b", "a.y"}, "a.y": set(), "b": {"a.y"}}
+    assert upward(edges, layers) == ["b (low) -> a.y (high)"]
+    assert ranks(["a", "a.x", "c"], layers) == {"a": 1, "a.x": 1}
 
 
 def test_no_import_circle() -> None:
