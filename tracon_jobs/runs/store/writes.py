@@ -21,6 +21,7 @@ from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
 from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import ClaimedElsewhere, RunTakenAway
+from tracon_jobs.limits.tenant_quotas import OwnQuota
 from tracon_jobs.runs.lifecycle import (
     TERMINAL_EVENT,
     AnyClaim,
@@ -29,7 +30,6 @@ from tracon_jobs.runs.lifecycle import (
     RunError,
     RunStatus,
 )
-from tracon_jobs.limits.tenant_quotas import OwnQuota
 from tracon_jobs.runs.store.statements import (
     _APPEND,
     _APPEND_COST,
