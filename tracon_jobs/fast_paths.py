@@ -26,10 +26,8 @@ ENV_VAR = "TRACON_FAST_PATHS"
 NAMES = {
     "broker": "kombu's Redis channel: one client per channel, acks and batched takes in Lua",
     "envelope": "a run's Celery message built once and pushed with one LPUSH (not send_task)",
-    "events": "the worker's task events to Flower flushed in batches (Celery's consumer)",
     "sqlite": "the run store's hot statements straight on the SQLite driver (not SQLAlchemy)",
     "redis": "scripts and pushes on a connection the thread keeps (not redis-py's client path)",
-    "keepalive": "a kept-alive connection's next request answered by the same web thread",
 }
 """Each fast path, by the name `off:` takes."""
 

@@ -14,9 +14,7 @@ from tracon_jobs.db.hot import FastConnection
 from tracon_jobs.errors import ConfigurationError
 from tracon_jobs.settings import Settings
 from tracon_jobs.settings.loading import load_settings
-from tracon_jobs.worker.app import create_celery
 from tracon_jobs.worker.broker import TRANSPORT, transport_for
-from tracon_jobs.worker.events import CONSUMER
 
 
 @pytest.fixture
@@ -62,7 +60,6 @@ def test_with_fast_paths_off_every_place_takes_the_librarys_own_path(
     )
     database = Database(settings.database.url)
     assert transport_for(url) == TRANSPORT
-    assert create_celery(settings, str).conf.worker_consumer == CONSUMER
     with database._core(database.engine) as connection:
         assert isinstance(connection, FastConnection)
 
@@ -70,7 +67,6 @@ def test_with_fast_paths_off_every_place_takes_the_librarys_own_path(
     fast_paths._off.cache_clear()
 
     assert transport_for(url) is None  # kombu's own Redis transport
-    assert create_celery(settings, str).conf.worker_consumer == "celery.worker.consumer:Consumer"
     with database._core(database.engine) as connection:
         assert type(connection) is Connection
     database.dispose()

@@ -1,6 +1,4 @@
-"""The web's gunicorn worker on a real socket pair: a kept-alive connection's next request
-is answered by the thread that answered the one before when it comes at once, and goes
-back to the poller otherwise."""
+"""The web's gunicorn worker on a real socket pair: its quit signals."""
 
 from __future__ import annotations
 
@@ -8,7 +6,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -18,7 +15,7 @@ from gunicorn.config import Config
 from gunicorn.glogging import Logger
 from gunicorn.workers.gthread import TConn
 
-from tracon_jobs.cli.web_worker import NEXT_REQUEST_WAIT, ProblemThreadWorker
+from tracon_jobs.cli.web_worker import ProblemThreadWorker
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 App = Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]
@@ -48,43 +45,6 @@ def counting(calls: list[str], then: Callable[[], None] = lambda: None) -> App:
         return [b"ok"]
 
     return app
-
-
-def test_requests_that_come_at_once_are_answered_in_one_hand_off(
-    worker: ProblemThreadWorker,
-) -> None:
-    calls: list[str] = []
-    conn, client = serving(worker, counting(calls))
-    client.sendall(REQUEST * 3)  # the next ones are there as soon as the first is answered
-
-    assert worker.handle(conn) is True  # kept alive: back to the poller after the last
-    assert calls == ["/healthz"] * 3
-    assert client.recv(65536).count(b"HTTP/1.1 200 OK") == 3
-
-
-def test_a_connection_with_nothing_more_goes_back_to_the_poller_after_the_wait(
-    worker: ProblemThreadWorker,
-) -> None:
-    calls: list[str] = []
-    conn, client = serving(worker, counting(calls))
-    client.sendall(REQUEST)
-
-    started = time.monotonic()
-    assert worker.handle(conn) is True
-    waited = time.monotonic() - started
-    assert calls == ["/healthz"] and NEXT_REQUEST_WAIT <= waited < 1.0
-
-
-def test_a_stopping_worker_hands_the_connection_back_after_its_request(
-    worker: ProblemThreadWorker,
-) -> None:
-    calls: list[str] = []
-    conn, client = serving(worker, counting(calls, then=lambda: setattr(worker, "alive", False)))
-    client.sendall(REQUEST * 2)
-
-    worker.handle(conn)
-    assert calls == ["/healthz"]  # the second waits for the poller, which a stopping worker
-    # answers with "Connection: close"
 
 
 def test_a_quit_signal_while_the_pools_lock_is_held_still_exits(

@@ -10,16 +10,12 @@
   head and gives the connection to the handoff (the process's stream hub, one thread for all
   its followers), frees the thread for the next request and forgets the connection: gunicorn
   neither closes it nor counts it against `worker_connections`.
-- A kept-alive connection whose next request comes at once (within `NEXT_REQUEST_WAIT`) is
-  answered by the thread that answered the one before, without going back through the
-  worker's poller (`ProblemThreadWorker.handle`).
 - A quit signal (SIGINT, SIGQUIT) cannot deadlock the worker (`ProblemThreadWorker.handle_quit`).
 """
 
 from __future__ import annotations
 
 import json
-import select
 import socket
 import sys
 import threading
@@ -31,21 +27,8 @@ from gunicorn.http import wsgi
 from gunicorn.workers.base import Worker
 from gunicorn.workers.gthread import ThreadWorker
 
-from tracon_jobs import fast_paths
 from tracon_jobs.handoff import HANDOFF, Handoff
 from tracon_jobs.startup import freeze_startup_objects
-
-NEXT_REQUEST_WAIT = 0.005
-"""Seconds a thread that answered a kept-alive connection waits for the client's next
-request before it gives the connection back to the worker's poller (`handle`)."""
-
-
-def _next_request_soon(conn: Any) -> bool:
-    """Whether the next request is read already, or arrives within `NEXT_REQUEST_WAIT`."""
-    if conn.parser.unreader.buf.getvalue():
-        return True
-    readable, _, _ = select.select([conn.sock], [], [], NEXT_REQUEST_WAIT)
-    return bool(readable)
 
 
 def write_problem(sock: socket.socket, status: int, reason: str, message: str) -> None:
@@ -100,22 +83,6 @@ class ProblemThreadWorker(ThreadWorker):
             return
         self.quitting = True
         Worker.handle_quit(self, sig, frame)
-
-    def handle(self, conn: Any) -> Any:
-        """gthread's `handle`, then the connection's next requests while they come at once.
-
-        gthread hands a kept-alive connection back to the main thread after every answer:
-        a wake-up of the main thread, the socket into the poller and out again, and a
-        wake-up of a pool thread for the next request. A client that sends its next request
-        right after the answer (an API client in a loop, a page loading its parts) is
-        answered by the same thread instead, without those hand-offs; a client that sends
-        nothing within `NEXT_REQUEST_WAIT` goes back to the poller as before."""
-        keepalive = super().handle(conn)
-        if not fast_paths.enabled("keepalive"):
-            return keepalive
-        while keepalive is True and self.alive and _next_request_soon(conn):
-            keepalive = super().handle(conn)
-        return keepalive
 
     def finish_request(self, conn: Any, fs: Any) -> None:
         with self.handed_over_lock:

@@ -26,13 +26,12 @@ from celery.signals import after_setup_logger, worker_init
 from kombu import Queue
 from sqlalchemy import select
 
-from tracon_jobs import fast_paths, logs, metrics
+from tracon_jobs import logs, metrics
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, Tenant
 from tracon_jobs.settings import Settings
 from tracon_jobs.worker.broker import transport_for
 from tracon_jobs.worker.envelope import EXECUTE_TASK, RUNS_QUEUE, label_runs_with
-from tracon_jobs.worker.events import CONSUMER
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +159,6 @@ def create_celery(
         worker_pool=WORKER_POOL,
         worker_concurrency=settings.worker.concurrency,
         worker_send_task_events=True,
-        # task events in batches, at most 0.1 s late (Celery's own consumer without fast paths)
-        worker_consumer=CONSUMER
-        if fast_paths.enabled("events")
-        else "celery.worker.consumer:Consumer",
         worker_direct=True,  # a queue per worker: operators (and tests) can address one
         # Flower follows tasks from the worker's events; a `task-sent` event per run would
         # cost the web a second publish on every submission.
