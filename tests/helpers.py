@@ -12,6 +12,8 @@ from typing import Any, NoReturn, Protocol
 
 import pytest
 from flask.testing import FlaskClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 
 from tracon_jobs.cli import supervisor
 from tracon_jobs.db.models import Run
@@ -193,3 +195,19 @@ def missing_service(reason: str) -> NoReturn:
     if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
         pytest.fail(f"{reason}; CI is set, so a missing service fails the test", pytrace=False)
     pytest.skip(reason)
+
+
+def drop_idle_connections(postgres_url: str) -> None:
+    """Drop every idle connection of the database, as a server restart does (and wait for
+    them to go), from a connection outside the pools; fails when there was none to drop."""
+    outside = create_engine(postgres_url, poolclass=NullPool)
+    with outside.begin() as connection:
+        dropped = connection.execute(
+            text(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND state = 'idle'"
+                " AND pid <> pg_backend_pid()"
+            )
+        ).all()
+    outside.dispose()
+    assert dropped, "the pool held no idle connection to drop"

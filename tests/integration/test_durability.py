@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
-from sqlalchemy import create_engine, text, update
+from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.pool import NullPool
 
 from tests import tools
 from tests.helpers import (
@@ -20,6 +19,7 @@ from tests.helpers import (
     Script,
     ThreadWorker,
     claim_run,
+    drop_idle_connections,
     event_types,
     hold_queued,
     scripted_agent,
@@ -365,17 +365,7 @@ def test_a_claim_whose_first_write_fails_is_made_by_the_next_one(
     claimed = runtime.runs.open_claim(run.id, "me")
     assert claimed is not None
     claim = claimed[0]
-    outside = create_engine(postgres_url, poolclass=NullPool)  # not a connection of the pool
-    with outside.begin() as connection:
-        dropped = connection.execute(
-            text(
-                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"  # and wait
-                " WHERE datname = current_database() AND state = 'idle'"
-                " AND pid <> pg_backend_pid()"
-            )
-        ).all()
-    outside.dispose()
-    assert dropped, "the pool held no idle connection to drop"
+    drop_idle_connections(postgres_url)
     with pytest.raises(OperationalError):
         runtime.runs.append(claim, "ModelCallStarted", {"model": "m"})
     assert status(runtime, run.id) == "Queued"  # nothing of the claim was written

@@ -10,11 +10,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, select, text, update
-from sqlalchemy.pool import NullPool
+from sqlalchemy import select, update
 
 from tests import workflows
-from tests.helpers import MakeRuntime, claim_run, run_of, scripted_agent
+from tests.helpers import MakeRuntime, claim_run, drop_idle_connections, run_of, scripted_agent
 from tests.helpers import event_types as types
 from tracon_jobs.db.models import Run, WorkflowNode
 from tracon_jobs.errors import ConfigurationError, RunTakenAway
@@ -550,17 +549,7 @@ def test_a_database_failure_while_a_workflow_run_prepares_ends_the_run(
     run_id = start(runtime, "three-nodes", {})
     claim, run, signal = _claimed(runtime, run_id)
     runtime.runs.settle(claim)
-    outside = create_engine(postgres_url, poolclass=NullPool)  # not a connection of the pool
-    with outside.begin() as connection:
-        dropped = connection.execute(
-            text(
-                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"  # and wait
-                " WHERE datname = current_database() AND state = 'idle'"
-                " AND pid <> pg_backend_pid()"
-            )
-        ).all()
-    outside.dispose()
-    assert dropped, "the pool held no idle connection to drop"
+    drop_idle_connections(postgres_url)
 
     # When the runner prepares the run
     status = runtime.workflow_runner.run(claim, run, signal)
