@@ -338,11 +338,22 @@ def assert_all_gone(dev: Dev) -> None:
 
 
 def runs_list(dev: Dev) -> str:
-    """`tracon-jobs runs list --tenant dev` in the clone, as a user would type it."""
+    """The banner's `runs list --tenant dev` line, typed in the clone as a user would, by a
+    shell whose `PATH` has no venv on it."""
+    lines = [line.strip() for line in dev.output.splitlines()]
+    command = next(line for line in lines if line.endswith("runs list --tenant dev"))
+    path = os.pathsep.join(
+        part for part in os.environ.get("PATH", "").split(os.pathsep) if "venv" not in part
+    )
     done = subprocess.run(
-        [PYTHON, "-m", "tracon_jobs.cli", "runs", "list", "--tenant", "dev"],
+        command,
+        shell=True,
         cwd=dev.clone,
-        env=dict(dev.env, TRACON_CONFIG=str(dev.clone / "tracon_jobs" / "demo" / "config.json")),
+        env=dict(
+            dev.env,
+            PATH=path,
+            TRACON_CONFIG=str(dev.clone / "tracon_jobs" / "demo" / "config.json"),
+        ),
         capture_output=True,
         text=True,
         timeout=60,

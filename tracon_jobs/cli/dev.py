@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -190,6 +191,22 @@ def _redis_line(settings: Settings, url: str, embedded: bool, env: dict[str, str
     return f"redis: {configured} ({source}) did not answer; using an embedded redis instead: {url}"
 
 
+def runnable_command() -> str:
+    """How this shell runs the `tracon-jobs` of this process: its name when `PATH` finds this
+    very one (an activated venv, an installed package), else its path (`.venv/bin/tracon-jobs`
+    from the clone, as `make run` starts it), else `python -m tracon_jobs.cli`."""
+    here = Path(sys.executable).parent / "tracon-jobs"
+    found = shutil.which("tracon-jobs")
+    if found is not None and here.exists() and Path(found).resolve() == here.resolve():
+        return "tracon-jobs"
+    if not here.exists():
+        return f"{sys.executable} -m tracon_jobs.cli"
+    try:
+        return str(here.relative_to(Path.cwd()))
+    except ValueError:
+        return str(here)
+
+
 def _print_welcome(
     key: str, redis_line: str, web_port: int, flower_port: int, settings: Settings
 ) -> None:
@@ -206,7 +223,7 @@ def _print_welcome(
     curl -N -X POST {web}/api/agents/{agent}/run \\
       -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\
       -d '{{"message": "Where is order A-1001?"}}'
-    tracon-jobs runs list --tenant {DEV_TENANT}
+    {runnable_command()} runs list --tenant {DEV_TENANT}
 """,
         flush=True,
     )
