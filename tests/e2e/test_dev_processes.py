@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.conftest import DEV_REDIS_DB
+from tests.conftest import redis_db
 from tests.helpers import ENDED, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -97,10 +97,9 @@ def free_port() -> int:
 
 @pytest.fixture
 def own_redis_url(redis_url: str) -> Iterator[str]:
-    """The test Redis server, on a database that neither `make run` (0) nor a test session
-    (8-15, each flushing its own) uses, so no other worker consumes dev's runs; flushed before
-    and after."""
-    url = f"{redis_url.rsplit('/', 1)[0]}/{DEV_REDIS_DB}"
+    """The test process's Redis, on a database of its own beside the session's (which every
+    test flushes), so no other worker consumes dev's runs; flushed before and after."""
+    url = redis_db(redis_url, 1)
     client = redis.Redis.from_url(url)
     client.flushdb()
     yield url

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import CLUSTER_REDIS_DB
+from tests.conftest import redis_db
 from tests.e2e.cluster import Cluster, wait_for_log, wait_until
 from tests.helpers import MakeRuntime, scripted_agent
 from tracon_jobs.idempotency import IdempotencyStore
@@ -29,9 +29,9 @@ PATH = "/api/agents/demo/run"
 
 @pytest.fixture
 def cluster_redis_url(redis_url: str) -> Iterator[str]:
-    """A Redis database of these tests' own: a worker of any other test session sharing the
-    server consumes from the test database's queue and would drop our runs as unknown."""
-    url = f"{redis_url.rsplit('/', 1)[0]}/{CLUSTER_REDIS_DB}"
+    """A Redis database of these tests' own, beside the session's: a worker of another test
+    consuming from the session database's queue would drop our runs as unknown."""
+    url = redis_db(redis_url, 2)
     client = redis.Redis.from_url(url)
     client.flushdb()
     yield url
