@@ -75,7 +75,9 @@ def test_a_killed_worker_s_run_is_failed_orphaned_and_nothing_continues_it(
     wait_until(lambda: run_of(runtime, run_id).status == "Failed", timeout=20, what="orphaned")
     closed = run_of(runtime, run_id)
     assert (closed.error_type, closed.error_class) == ("orphaned", "Infrastructure")
-    assert "{'orphaned': 1, 'canceled': 0, 'continued': 0}" in scans(survivor), scans(survivor)
+    # (the pass that closed it logs its result once its task returns: a moment after the row)
+    closed_by_the_scan = "{'orphaned': 1, 'canceled': 0, 'continued': 0}"
+    wait_until(lambda: closed_by_the_scan in scans(survivor), timeout=10, what="the scan's result")
     # And still nothing after three more passes
     after = len(scans(survivor))
     wait_until(lambda: len(scans(survivor)) >= after + 3, timeout=20, what="three more passes")
