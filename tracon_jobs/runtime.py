@@ -26,6 +26,7 @@ from tracon_jobs.agents.tools import registry as default_tools
 from tracon_jobs.coordination.cancellation import RedisCancelBus
 from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
 from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
+from tracon_jobs.coordination.live_text import LiveText, RedisLiveText
 from tracon_jobs.db import Database
 from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
 from tracon_jobs.limits.budget_store import RedisBudgetStore
@@ -66,6 +67,7 @@ class Runtime:
         settings: Settings,
         *,
         feed: EventFeed | None = None,
+        live_text: LiveText | None = None,
         tools: ToolRegistry | None = None,
         sender: Sender | None = None,
         sleep: Sleep | None = None,
@@ -88,6 +90,7 @@ class Runtime:
         )
         self.feed = feed or RedisEventFeed(self.redis)
         self.runs = RunStore(self.db, self.feed)
+        self.live_text = live_text or RedisLiveText(self.redis)  # streaming answers' text
         self.tenants = TenantStore(self.db)
         self.providers = ProviderRegistry(settings.providers)
         self.tools = tools or default_tools

@@ -7,6 +7,7 @@ stored messages must be replayable on any link of a fallback chain.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,3 +85,28 @@ class Provider(Protocol):
     def complete(self, request: ModelRequest, signal: AbortSignal) -> ModelResponse: ...
 
     def close(self) -> None: ...
+
+
+OnText = Callable[[str], None]
+"""Called with each piece of an answer's text as a streaming call reads it."""
+
+
+class StreamingProvider(Provider, Protocol):
+    """A provider that can read an answer as it arrives. `streams` is False when its
+    settings turn streaming off (`Providers.<name>.Stream: false`): then only `complete`.
+
+    `stream` returns the same `ModelResponse` as `complete` would for the same answer (text
+    and tool calls assembled from their deltas, usage from the stream's own report), calls
+    `on_text` with each piece of text as it arrives, and fails as `complete` does; a cancel
+    cuts the stream at once, and a wait between chunks longer than the provider's idle
+    timeout fails the call (`kind="timeout"`)."""
+
+    streams: bool
+
+    def stream(
+        self, request: ModelRequest, signal: AbortSignal, on_text: OnText
+    ) -> ModelResponse: ...
+
+
+def can_stream(provider: Provider) -> bool:
+    return bool(getattr(provider, "streams", False)) and hasattr(provider, "stream")
