@@ -223,6 +223,7 @@ class Runtime:
             draining=self.draining,
             cache=RedisResponseCache(self.redis),
             sleep=self.sleep,
+            live_text=self.live_text,
         )
 
     @cached_property

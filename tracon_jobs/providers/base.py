@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from tracon_jobs.abort import AbortSignal
 
@@ -108,5 +108,5 @@ class StreamingProvider(Provider, Protocol):
     ) -> ModelResponse: ...
 
 
-def can_stream(provider: Provider) -> bool:
+def can_stream(provider: Provider) -> TypeGuard[StreamingProvider]:
     return bool(getattr(provider, "streams", False)) and hasattr(provider, "stream")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolSpec
+from tracon_jobs.coordination.live_text import TurnWriter
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import ProviderError, RunCanceled, RunTakenAway
 from tracon_jobs.limits.tree import TreeBudget
@@ -90,6 +91,7 @@ class Execution:
     link_first_call: int = 0  # the first ledger turn of the current fallback link
     answered: dict[int, set[str]] = field(default_factory=dict)  # link: recorded answers used
     pending_spend: tuple[TurnSpend, dict[str, Any]] | None = None  # the answer's, not yet written
+    streamed: TurnWriter | None = None  # the answer's live text, forgotten once it is written
 
     def ensure_live(self) -> None:
         """Stop before the next model or tool call once the run is canceled or taken away."""

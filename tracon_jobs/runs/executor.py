@@ -29,6 +29,7 @@ from typing import Any
 from tracon_jobs import logs, metrics
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
+from tracon_jobs.coordination.live_text import LiveText, TurnWriter
 from tracon_jobs.coordination.scripts import deferring
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
@@ -43,7 +44,14 @@ from tracon_jobs.limits.budget_store import BudgetStore, Limits
 from tracon_jobs.limits.tenant_quotas import OwnQuota, Quotas
 from tracon_jobs.limits.tree import ChainUnreadable, Reservation, TreeBudget, open_budget
 from tracon_jobs.pricing import price_at
-from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, ToolCall
+from tracon_jobs.providers.base import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    Provider,
+    ToolCall,
+    can_stream,
+)
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import Admission, CircuitBreaker, Ticket, Transition
 from tracon_jobs.resilience.cache import (
@@ -115,6 +123,7 @@ class RunExecutor:
         draining: threading.Event,
         cache: ResponseCache | None = None,
         sleep: Sleep | None = None,
+        live_text: LiveText | None = None,
     ) -> None:
         self.settings = settings
         self.runs = runs
@@ -129,6 +138,7 @@ class RunExecutor:
         self.owner_id = owner_id
         self.draining = draining  # set once a graceful stop began: claim nothing new
         self.cache = cache  # agents' cached model responses (`Agents.<name>.Cache`)
+        self.live_text = live_text  # streaming calls' text, live to followers
         self.ledger = Ledger(runs)
         self.approvals = approvals
         self.workflows = workflows  # runs of kind `workflow` go to it
@@ -262,7 +272,14 @@ class RunExecutor:
         )
         if closed is None:
             raise RunTakenAway(claim.run_id)
+        self._forget_streamed(execution)
         return status
+
+    @staticmethod
+    def _forget_streamed(execution: Execution | None) -> None:
+        if execution is not None and execution.streamed is not None:
+            execution.streamed.forget()
+            execution.streamed = None
 
     def _flush_spend(self, execution: Execution | None) -> None:
         """Write the last model call's spend now, when an event must follow it before the
@@ -271,6 +288,7 @@ class RunExecutor:
             spend, data = execution.pending_spend
             execution.pending_spend = None
             self.runs.record_spend(execution.claim, spend, data)
+            self._forget_streamed(execution)
 
     # -- preparation -------------------------------------------------------------------
 
@@ -486,26 +504,52 @@ class RunExecutor:
         # a call not made (circuit open, run taken away) or failed hands its tokens back
         with ex.tree_budget().reservation(reserved) as reservation:
             ticket = admission.ticket()
-            self.runs.append(ex.claim, "ModelCallStarted", {"turn": index, **link.label()})
+            started = self.runs.append(
+                ex.claim, "ModelCallStarted", {"turn": index, **link.label()}
+            )
             cache_key, cached = self._cached(ex, link, request)
             if cached is not None:
                 self._record_spend(ex, link, cached, index, reservation, cached=True)
                 return cached
+            writer = self._turn_writer(ex, link.provider, started.seq)
             try:
                 with (
                     self.slots.hold(link.provider_name, ex.signal),
                     metrics.timed_model_call(link.provider_name, link.model),
                 ):
-                    response = link.provider.complete(request, ex.signal)
+                    provider = link.provider
+                    if writer is not None and can_stream(provider):
+                        response = provider.stream(request, ex.signal, writer.text)
+                        writer.close()
+                    else:
+                        response = provider.complete(request, ex.signal)
             except ProviderError as exc:
+                if writer is not None:
+                    writer.withdraw()
                 raise self._model_call_failed(ex, link, ticket, exc) from exc
+            except BaseException:
+                if writer is not None:
+                    writer.withdraw()
+                raise
             self._record_spend(ex, link, response, index, reservation, ticket=ticket)
+            if writer is not None:
+                if response.tool_calls:  # its ModelCallCompleted is written: text not needed
+                    writer.forget()
+                else:  # written with the run's final write
+                    ex.streamed = writer
         if cache_key is not None and self.cache is not None:
             config = ex.agent.cache
             ttl_ms = int(config.ttl.total_seconds() * 1000)
             value = response_to_json(response)
             self.cache.put(ex.run.agent, cache_key, value, ttl_ms, config.max_entries)
         return response
+
+    def _turn_writer(self, ex: Execution, provider: Provider, call_seq: int) -> TurnWriter | None:
+        """The live text of a streaming call (None: the provider does not stream, and the
+        text reaches followers with the call's `ModelCallCompleted`)."""
+        if self.live_text is None or not can_stream(provider):
+            return None
+        return TurnWriter(self.live_text, ex.run.id, call_seq)
 
     def _cached(
         self, ex: Execution, link: Link, request: ModelRequest
