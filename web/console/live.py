@@ -12,6 +12,7 @@ from flask import Response, jsonify, render_template
 from tracon_jobs.runs.lifecycle import RunStatus
 from web.console.blueprint import bp
 from web.console.views import owned_run, run_context, runs_context
+from web.extensions import runtime
 
 
 @bp.get("/console/live/runs")
@@ -27,3 +28,23 @@ def live_run(run_id: str) -> Response:
     html = render_template("console/_run_live.html", **run_context(run))
     terminal = RunStatus(run.status).is_terminal
     return jsonify({"status": run.status, "terminal": terminal, "html": html})
+
+
+CALL_KEEPS_OPEN = frozenset({"CircuitStateChanged"})
+"""Events that may follow a call's `ModelCallStarted` while the call is still answering."""
+
+
+@bp.get("/console/live/runs/<run_id>/text")
+def live_text(run_id: str) -> Response:
+    """The text of the run's model call while it streams (`text` null when no call streams):
+    the page polls it a few times a second, so a turn's answer grows as it arrives."""
+    run = owned_run(run_id)
+    rt = runtime()
+    found = None if RunStatus(run.status).is_terminal else rt.live_text.snapshot(run.id)
+    if found is not None:
+        later = rt.runs.events(run.id, found.call_seq, limit=50)
+        if any(event.type not in CALL_KEEPS_OPEN for event in later):
+            found = None  # the call ended (its text is in its ModelCallCompleted), or failed
+    if found is None:
+        return jsonify({"callSeq": None, "text": None})
+    return jsonify({"callSeq": found.call_seq, "text": found.text.decode(errors="replace")})

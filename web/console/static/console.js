@@ -5,6 +5,7 @@
 
   var RUN_INTERVAL_MS = 1000;
   var LIST_INTERVAL_MS = 2500;
+  var TEXT_INTERVAL_MS = 150;
 
   function openDetails(root) {
     var open = {};
@@ -61,6 +62,38 @@
     });
   }
 
+  // The streaming call's text, polled a few times a second while the run is live: the
+  // answer grows on the page as the model writes it; hidden when no call streams.
+  function liveText(panel) {
+    var body = panel.querySelector(".turn-text-body");
+    var url = panel.getAttribute("data-text-poll");
+    var stopped = false;
+    function tick() {
+      if (stopped) { return; }
+      if (document.hidden) { setTimeout(tick, TEXT_INTERVAL_MS); return; }
+      fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (response) { return response.ok ? response.json() : null; })
+        .then(function (turn) {
+          if (turn && turn.text !== null) {
+            if (body.textContent !== turn.text) { body.textContent = turn.text; }
+            panel.hidden = false;
+            panel.setAttribute("data-call", turn.callSeq);
+          } else if (turn) {
+            panel.hidden = true;
+          }
+          setTimeout(tick, TEXT_INTERVAL_MS);
+        })
+        .catch(function () { setTimeout(tick, TEXT_INTERVAL_MS * 5); });
+    }
+    var run = document.getElementById("run-live");
+    if (run) {
+      new MutationObserver(function () {
+        if (!run.getAttribute("data-poll")) { stopped = true; panel.hidden = true; }
+      }).observe(run, { attributes: true });
+    }
+    tick();
+  }
+
   function liveRows(element) {
     var indicator = document.querySelector("[data-live-indicator]");
     if (indicator) { indicator.hidden = false; }
@@ -84,6 +117,8 @@
     bindConfirms(document);
     var run = document.getElementById("run-live");
     if (run && run.getAttribute("data-poll")) { liveRun(run); }
+    var text = document.getElementById("turn-text");
+    if (text && text.getAttribute("data-text-poll")) { liveText(text); }
     var rows = document.getElementById("runs-rows");
     if (rows && rows.getAttribute("data-poll")) { liveRows(rows); }
   });
