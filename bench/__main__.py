@@ -31,6 +31,7 @@ BENCHMARKS: tuple[str, ...] = (
     "b3_coordination",
     "b5_round_trips",
     "b6_streams",
+    "b7_first_token",
 )
 """Run in this order; add a module's name here and `make bench` runs it. `name@postgresql`
 runs it with `--database` on a scratch database of the PostgreSQL server that
