@@ -51,9 +51,18 @@ class Reply:
     output_tokens: int = 5
     model: str | None = None
     cached_input_tokens: int = 0  # of input_tokens, served from the prompt cache
+    chunks: int | None = None  # a streamed text in this many pieces (None: about 4 chars each)
+    chunk_delay: float = 0.0
 
     def respond(self, exchange: Exchange) -> None:
-        if exchange.api == "anthropic":
+        if exchange.body.get("stream"):
+            events = (
+                self.message_events(exchange.body)
+                if exchange.api == "anthropic"
+                else self.completion_chunks(exchange.body)
+            )
+            exchange.send_events(events, self.chunk_delay)
+        elif exchange.api == "anthropic":
             exchange.send_json(200, self.message(exchange.body))
         else:
             exchange.send_json(200, self.completion(exchange.body))
@@ -109,6 +118,88 @@ class Reply:
                 "prompt_tokens_details": {"cached_tokens": self.cached_input_tokens},
             },
         }
+
+    def pieces(self, whole: str) -> list[str]:
+        count = self.chunks or max(1, len(whole) // 4)
+        size = max(1, -(-len(whole) // count))
+        return [whole[at : at + size] for at in range(0, len(whole), size)] or [whole]
+
+    def completion_chunks(self, body: dict[str, Any]) -> list[str]:
+        """The completion as `chat.completion.chunk` frames, then usage, then `[DONE]`."""
+        whole = self.completion(body)
+        message = whole["choices"][0]["message"]
+
+        def frame(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+            choices = [{"index": 0, "delta": delta, "finish_reason": finish}]
+            chunk = {"id": whole["id"], "object": "chat.completion.chunk", "model": whole["model"]}
+            return json.dumps({**chunk, "choices": choices, **extra})
+
+        frames = [frame({"role": "assistant"})]
+        if message["content"] is not None:
+            frames += [frame({"content": piece}) for piece in self.pieces(message["content"])]
+        for index, call in enumerate(message.get("tool_calls") or []):
+            head = {"index": index, "id": call["id"], "type": "function"}
+            function = {"name": call["function"]["name"], "arguments": ""}
+            frames.append(frame({"tool_calls": [{**head, "function": function}]}))
+            for fragment in self.pieces(call["function"]["arguments"]):
+                part = {"index": index, "function": {"arguments": fragment}}
+                frames.append(frame({"tool_calls": [part]}))
+        frames.append(frame({}, whole["choices"][0]["finish_reason"]))
+        if json.dumps(body.get("stream_options", {})).find("include_usage") >= 0:
+            usage = {"id": whole["id"], "object": "chat.completion.chunk", "model": whole["model"]}
+            frames.append(json.dumps({**usage, "choices": [], "usage": whole["usage"]}))
+        return [f"data: {item}\n\n" for item in frames] + ["data: [DONE]\n\n"]
+
+    def message_events(self, body: dict[str, Any]) -> list[str]:
+        """The message as Messages stream events."""
+        whole = self.message(body)
+        usage = dict(whole["usage"])
+        output_tokens = usage.pop("output_tokens")
+        start = {
+            **whole,
+            "content": [],
+            "stop_reason": None,
+            "usage": {**usage, "output_tokens": 1},
+        }
+        events: list[tuple[str, dict[str, Any]]] = [("message_start", {"message": start})]
+        for index, block in enumerate(whole["content"]):
+            if block["type"] == "text":
+                events.append(
+                    (
+                        "content_block_start",
+                        {"index": index, "content_block": {"type": "text", "text": ""}},
+                    )
+                )
+                events += [
+                    (
+                        "content_block_delta",
+                        {"index": index, "delta": {"type": "text_delta", "text": piece}},
+                    )
+                    for piece in self.pieces(block["text"])
+                ]
+            else:
+                head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+                events.append(("content_block_start", {"index": index, "content_block": head}))
+                events += [
+                    (
+                        "content_block_delta",
+                        {
+                            "index": index,
+                            "delta": {"type": "input_json_delta", "partial_json": piece},
+                        },
+                    )
+                    for piece in self.pieces(json.dumps(block["input"]))
+                ]
+            events.append(("content_block_stop", {"index": index}))
+        delta = {"stop_reason": whole["stop_reason"], "stop_sequence": None}
+        events.append(
+            ("message_delta", {"delta": delta, "usage": {"output_tokens": output_tokens}})
+        )
+        events.append(("message_stop", {}))
+        return [
+            f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"
+            for name, data in events
+        ]
 
     def _message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.text}
@@ -266,6 +357,20 @@ class Exchange:
             handler.send_header(name, value)
         handler.end_headers()
         handler.wfile.write(data)
+
+    def send_events(self, events: Sequence[str], delay: float = 0.0) -> None:
+        """Answer as server-sent events, one write per event, `delay` between them."""
+        handler = self._handler
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        for index, event in enumerate(events):
+            if index and delay and self.stopping.wait(delay):
+                return
+            handler.wfile.write(event.encode())
+            handler.wfile.flush()
 
     def client_gone(self) -> bool:
         """True once the client closed its end (an aborted call), so a hang can end early."""

@@ -30,7 +30,14 @@ from anthropic import Anthropic
 
 from tracon_jobs.errors import ContentBlockedError, ProviderError
 from tracon_jobs.providers.abortable_http import make_abortable
-from tracon_jobs.providers.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from tracon_jobs.providers.base import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    OnText,
+    ToolCall,
+    Usage,
+)
 from tracon_jobs.providers.capabilities import anthropic_response_format_rule
 from tracon_jobs.providers.sdk import SdkProvider
 from tracon_jobs.providers.wire import (
@@ -80,6 +87,9 @@ class AnthropicProvider(SdkProvider):
                 kind="configuration",
             ) from None
 
+    def _stream_reader(self, request: ModelRequest, on_text: OnText) -> EventReader:
+        return EventReader(self, request, on_text)
+
     def _map_error(self, exc: Exception) -> ProviderError:
         assert isinstance(exc, anthropic.AnthropicError)
         return map_anthropic_error(self.name, exc)
@@ -124,6 +134,89 @@ class AnthropicProvider(SdkProvider):
             ),
             finish_reason=_FINISH_REASONS.get(text(stop_reason), text(stop_reason) or "stop"),
         )
+
+
+class EventReader:
+    """Messages stream events assembled into the message `complete` would read: blocks from
+    `content_block_start`, their text and `input_json_delta` fragments, usage from
+    `message_start` updated by `message_delta`; an `error` event fails the call."""
+
+    def __init__(self, provider: AnthropicProvider, request: ModelRequest, on_text: OnText) -> None:
+        self._provider = provider
+        self._request = request
+        self._on_text = on_text
+        self._message: dict[str, Any] = {"content": [], "usage": {}}
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._inputs: dict[int, list[str]] = {}
+        self._done = False
+
+    def line(self, line: str) -> bool:
+        if not line.startswith("data:"):
+            return False
+        try:
+            event = json_object(json.loads(line[len("data:") :]))
+        except ValueError:
+            raise malformed(self._provider.name, "a stream event that is not JSON") from None
+        kind = event.get("type")
+        index = event.get("index", 0)
+        if kind == "message_start":
+            started = json_object(event.get("message"))
+            self._message.update({key: value for key, value in started.items() if key != "content"})
+            self._message["usage"] = dict(json_object(started.get("usage")))
+        elif kind == "content_block_start":
+            self._blocks[index] = dict(json_object(event.get("content_block")))
+            self._inputs[index] = []
+        elif kind == "content_block_delta":
+            delta = json_object(event.get("delta"))
+            block = self._blocks.setdefault(index, {"type": "text", "text": ""})
+            if delta.get("type") == "text_delta":
+                piece = text(delta.get("text"))
+                block["text"] = text(block.get("text")) + piece
+                if piece:
+                    self._on_text(piece)
+            elif delta.get("type") == "input_json_delta":
+                self._inputs.setdefault(index, []).append(text(delta.get("partial_json")))
+        elif kind == "message_delta":
+            delta = json_object(event.get("delta"))
+            if "stop_reason" in delta:
+                self._message["stop_reason"] = delta["stop_reason"]
+            self._message["usage"].update(
+                {key: value for key, value in json_object(event.get("usage")).items() if value}
+            )
+        elif kind == "message_stop":
+            self._done = True
+            return True
+        elif kind == "error":
+            self._error(json_object(event.get("error")))
+        return False
+
+    def _error(self, error: dict[str, Any]) -> None:
+        overloaded = error.get("type") == "overloaded_error"
+        raise ProviderError(
+            f"Provider '{self._provider.name}' failed mid-stream: "
+            f"{text(error.get('type'))}: {text(error.get('message'))}",
+            provider=self._provider.name,
+            status=529 if overloaded else 500,
+            kind="http",
+        )
+
+    def result(self) -> ModelResponse:
+        if not self._done:
+            raise malformed(self._provider.name, "a stream that ended before message_stop")
+        content = []
+        for index in sorted(self._blocks):
+            block = self._blocks[index]
+            if block.get("type") == "tool_use":
+                raw = "".join(self._inputs.get(index, []))
+                try:
+                    block["input"] = json.loads(raw) if raw else block.get("input") or {}
+                except ValueError:
+                    raise malformed(
+                        self._provider.name, "a tool use whose input is not JSON"
+                    ) from None
+            content.append(block)
+        self._message["content"] = content
+        return self._provider._to_response(json.dumps(self._message).encode(), self._request)
 
 
 def message_arguments(request: ModelRequest) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from openai import OpenAI
 
 from tracon_jobs.errors import ContentBlockedError, ProviderError
 from tracon_jobs.providers.abortable_http import make_abortable
-from tracon_jobs.providers.base import ModelRequest, ModelResponse, ToolCall, Usage
+from tracon_jobs.providers.base import ModelRequest, ModelResponse, OnText, ToolCall, Usage
 from tracon_jobs.providers.sdk import SdkProvider
 from tracon_jobs.providers.wire import (
     count,
@@ -58,6 +58,12 @@ class OpenAIProvider(SdkProvider):
 
     def _arguments(self, request: ModelRequest) -> dict[str, Any]:
         return completion_arguments(request)
+
+    def _stream_arguments(self) -> dict[str, Any]:
+        return {"stream": True, "stream_options": {"include_usage": True}}
+
+    def _stream_reader(self, request: ModelRequest, on_text: OnText) -> ChunkReader:
+        return ChunkReader(self, request, on_text)
 
     def _map_error(self, exc: Exception) -> ProviderError:
         assert isinstance(exc, openai.OpenAIError)
@@ -94,6 +100,88 @@ class OpenAIProvider(SdkProvider):
             usage=_usage(completion.get("usage")),
             finish_reason=text(finish_reason) or "stop",
         )
+
+
+class ChunkReader:
+    """`chat.completion.chunk` events assembled into the completion `complete` would read:
+    text deltas joined, tool calls by `index` (id and name first, then argument fragments),
+    usage from the final chunk; so the answer is read by the same code either way."""
+
+    def __init__(self, provider: OpenAIProvider, request: ModelRequest, on_text: OnText) -> None:
+        self._provider = provider
+        self._request = request
+        self._on_text = on_text
+        self._texts: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._model: Any = None
+        self._usage: Any = None
+        self._finish_reason: Any = None
+        self._done = False
+
+    def line(self, line: str) -> bool:
+        if not line.startswith("data:"):
+            return False
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            self._done = True
+            return True
+        try:
+            chunk = json_object(json.loads(data))
+        except ValueError:
+            raise malformed(self._provider.name, "a stream chunk that is not JSON") from None
+        if isinstance(chunk.get("error"), dict):
+            raise ProviderError(
+                f"Provider '{self._provider.name}' failed mid-stream: "
+                f"{text(chunk['error'].get('message'))}",
+                provider=self._provider.name,
+                kind="connection",
+            )
+        self._model = chunk.get("model") or self._model
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            choice = json_object(choice)
+            if choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
+            delta = json_object(choice.get("delta"))
+            piece = delta.get("content")
+            if isinstance(piece, str) and piece:
+                self._texts.append(piece)
+                self._on_text(piece)
+            for part in delta.get("tool_calls") or []:
+                self._tool_call_delta(json_object(part))
+        return False
+
+    def _tool_call_delta(self, part: dict[str, Any]) -> None:
+        index = part.get("index", len(self._calls))
+        call = self._calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        if part.get("id"):
+            call["id"] = part["id"]
+        function = json_object(part.get("function"))
+        if function.get("name"):
+            call["function"]["name"] += text(function["name"])
+        if function.get("arguments"):
+            call["function"]["arguments"] += text(function["arguments"])
+
+    def result(self) -> ModelResponse:
+        if not self._done:
+            raise malformed(self._provider.name, "a stream that ended before [DONE]")
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self._texts) if self._texts else None,
+        }
+        if self._calls:
+            message["tool_calls"] = [self._calls[index] for index in sorted(self._calls)]
+        completion = {
+            "model": self._model,
+            "choices": [{"index": 0, "message": message, "finish_reason": self._finish_reason}],
+            "usage": self._usage,
+        }
+        return self._provider._to_response(json.dumps(completion).encode(), self._request)
 
 
 def completion_arguments(request: ModelRequest) -> dict[str, Any]:

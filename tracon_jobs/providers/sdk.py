@@ -12,11 +12,13 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+import httpx2
+
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
 from tracon_jobs.providers.abortable_http import abortable
-from tracon_jobs.providers.base import ModelRequest, ModelResponse
-from tracon_jobs.providers.wire import cancelled
+from tracon_jobs.providers.base import ModelRequest, ModelResponse, OnText
+from tracon_jobs.providers.wire import cancelled, malformed
 
 
 class Closable(Protocol):
@@ -63,6 +65,18 @@ class ProcessClient(Generic[C]):
             client.close()
 
 
+class StreamReader(Protocol):
+    """An answer assembled from its server-sent event lines."""
+
+    def line(self, line: str) -> bool:
+        """Read one line; True once the stream's end marker was read."""
+        ...
+
+    def result(self) -> ModelResponse:
+        """The answer; a broken one (no end marker) is `kind="connection"`."""
+        ...
+
+
 class SdkProvider:
     """One endpoint of an SDK whose client has `post(path, body=..., cast_to=bytes)` (both
     SDKs' own path under their typed methods, without the transform of the arguments), shared
@@ -80,8 +94,10 @@ class SdkProvider:
         base_url: str | None,
         api_key: str | None,
         timeout_seconds: float,
+        stream: bool = True,
     ) -> None:
         self.name = name
+        self.streams = stream
         self._base_url = base_url or None
         self._api_key = api_key or self.placeholder_api_key
         self._timeout_seconds = timeout_seconds
@@ -102,9 +118,69 @@ class SdkProvider:
             raise self._map_error(exc) from exc
         return self._to_response(body, request)
 
+    def stream(self, request: ModelRequest, signal: AbortSignal, on_text: OnText) -> ModelResponse:
+        """One call read as it arrives: `on_text` gets each piece of text, and the answer is
+        the one `complete` would return. A wait between chunks longer than the read timeout, or
+        a whole call longer than the timeout, fails with `kind="timeout"`; a stream cut before
+        its end marker is a broken answer (`kind="connection"`)."""
+        if signal.aborted:
+            raise cancelled(self.name, signal)
+        arguments = {**self._arguments(request), **self._stream_arguments()}
+        reader = self._stream_reader(request, on_text)
+        client = self._client.get()
+        timed_out = threading.Event()
+        try:
+            with abortable(signal) as guard:
+
+                def expire() -> None:
+                    timed_out.set()
+                    guard.abort("timeout")
+
+                timer = threading.Timer(self._timeout_seconds, expire)
+                timer.daemon = True
+                timer.start()
+                try:
+                    response = client.post(
+                        self.path, body=arguments, cast_to=httpx2.Response, stream=True
+                    )
+                    try:
+                        for line in response.iter_lines():
+                            if reader.line(line):
+                                break
+                    finally:
+                        response.close()
+                finally:
+                    timer.cancel()
+        except (self.sdk_error, httpx2.HTTPError) as exc:
+            if signal.aborted:
+                raise cancelled(self.name, signal) from None
+            if timed_out.is_set() or isinstance(exc, httpx2.TimeoutException):
+                raise self._timeout() from None
+            if isinstance(exc, self.sdk_error):
+                raise self._map_error(exc) from exc
+            raise malformed(self.name, f"a stream cut short ({exc!r})") from None
+        if signal.aborted:
+            raise cancelled(self.name, signal)
+        if timed_out.is_set():
+            raise self._timeout()
+        return reader.result()
+
+    def _timeout(self) -> ProviderError:
+        return ProviderError(
+            f"Provider '{self.name}' timed out (stream longer than {self._timeout_seconds:g} s)",
+            provider=self.name,
+            kind="timeout",
+        )
+
     def close(self) -> None:
         """Close this process's client and its connections."""
         self._client.close()
+
+    def _stream_arguments(self) -> dict[str, Any]:
+        return {"stream": True}
+
+    def _stream_reader(self, request: ModelRequest, on_text: OnText) -> StreamReader:
+        raise NotImplementedError
 
     def _new_client(self) -> Any:
         raise NotImplementedError
