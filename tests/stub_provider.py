@@ -529,3 +529,24 @@ class _Handler(BaseHTTPRequestHandler):
 
 _NEVER = threading.Event()
 _APIS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}
+
+
+@dataclass(frozen=True)
+class StreamThenDrop:
+    """Stream the first `after_chunks` events of `reply`, then close the connection: an
+    upstream that dies mid-answer."""
+
+    reply: Reply
+    after_chunks: int = 2
+
+    def respond(self, exchange: Exchange) -> None:
+        events = (
+            self.reply.message_events(exchange.body)
+            if exchange.api == "anthropic"
+            else self.reply.completion_chunks(exchange.body)
+        )
+        exchange.send_events(events[: self.after_chunks])
+
+
+def stream_then_drop(text: str, after_chunks: int = 2) -> StreamThenDrop:
+    return StreamThenDrop(Reply(text), after_chunks)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.stub_provider import Reply, StubProvider, StubToolCall
+from tests.stub_provider import Reply, StubProvider, StubToolCall, error, stream_then_drop
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
 from tracon_jobs.providers.anthropic import AnthropicProvider
@@ -98,3 +98,28 @@ def test_the_total_timeout_ends_a_trickling_stream(stub: StubProvider) -> None:
     assert raised.value.kind == "timeout"
     assert time.monotonic() - started < 1.5
     provider.close()
+
+
+def test_a_stream_cut_mid_answer_is_a_connection_failure(
+    stub: StubProvider, provider: SdkProvider
+) -> None:
+    stub.enqueue(stream_then_drop("some text that never ends", after_chunks=3))
+    with pytest.raises(ProviderError) as raised:
+        provider.stream(REQUEST, AbortSignal(), lambda _: None)
+    assert raised.value.kind == "connection"
+
+
+def test_an_http_error_before_the_stream_keeps_its_status(
+    stub: StubProvider, provider: SdkProvider
+) -> None:
+    stub.enqueue(error(429, retry_after=3))
+    with pytest.raises(ProviderError) as raised:
+        provider.stream(REQUEST, AbortSignal(), lambda _: None)
+    assert (raised.value.status, raised.value.retry_after) == (429, 3.0)
+
+
+def test_a_provider_set_not_to_stream_cannot(stub: StubProvider) -> None:
+    provider = OpenAIProvider(
+        "p", base_url=stub.base_url, api_key="k", timeout_seconds=5, stream=False
+    )
+    assert not can_stream(provider)
