@@ -50,6 +50,7 @@ def build_provider(
             base_url=settings.base_url,
             api_key=settings.resolved_api_key(environ),
             timeout_seconds=settings.timeout_seconds,
+            stream=_streams(settings),
         )
     if kind == "scripted":
         return ScriptedProvider.from_settings(name, settings.script or [])
@@ -59,10 +60,16 @@ def build_provider(
             base_url=settings.base_url,
             api_key=settings.resolved_api_key(environ),
             timeout_seconds=settings.timeout_seconds,
+            stream=_streams(settings),
         )
     raise ConfigurationError(
         f"Providers.{name}.Kind", f"must be openai, anthropic or scripted, not '{kind}'"
     )
+
+
+def _streams(settings: ProviderSettingsLike) -> bool:
+    """`Providers.<name>.Stream`; a provider streams unless its settings say it must not."""
+    return getattr(settings, "stream", None) is not False
 
 
 class ProviderRegistry:
