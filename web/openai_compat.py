@@ -5,9 +5,19 @@ Each request starts an ordinary run (recorded, listed under `/api/runs`, cancell
 whose input is the conversation: `{"message": <last user text>, "messages": [...]}`, and
 every answer to it names the run in `X-Tracon-Run-Id`. Without `stream` the answer is
 buffered (the contract's status mapping, in OpenAI's error shape on failure); with
-`stream: true` it follows the run's events (`web.sse.live_stream`): each model turn's text (the
-`text` of its `ModelCallCompleted`) is sent as a delta as soon as the turn ends, in OpenAI's
-chunk or typed-event format. Every error on `/v1` uses OpenAI's shape.
+`stream: true` it follows the run's events (`web.sse.live_stream`): each model turn's text is
+sent as it streams (the live text's deltas, `web.live_turn`), in OpenAI's chunk or
+typed-event format, and what the live text missed follows from the turn's
+`ModelCallCompleted`, never twice. Every error on `/v1` uses OpenAI's shape.
+
+A model call that fails after some of its text went out (it is retried, or the run fails)
+cannot take that text back from an OpenAI client: the stream ends there with an error in
+OpenAI's shape (`code: "stream_text_withdrawn"`, naming the run; for `/v1/responses` a
+`response.failed`), so a client never shows a withdrawn text as the answer. The run goes on;
+its output stays readable at `GET /api/runs/{id}`.
+
+A streaming client that goes away leaves its run running, unless `Runs.CancelOnDisconnect`
+is on: then its run is canceled (as `POST /api/runs/{id}/cancel` does).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from web.auth import require_tenant, tenant_id
 from web.buffered import ending, run_location, run_view, wait_for_end
 from web.extensions import runtime
 from web.idempotency import idempotent, remember_run
+from web.live_turn import LiveDelta, LiveItem
 from web.openai_shapes import (
     ResponseEvents,
     chat_chunk,
@@ -38,6 +49,7 @@ from web.openai_shapes import (
     model_object,
     response_object,
     turn_separated,
+    withdrawn_error,
 )
 from web.preferences import prefers_async
 from web.problems import Problem, bad_request, kept_headers
@@ -122,7 +134,7 @@ def chat_completions() -> Response | Answer:
         run = start_run(body.model, conversation(turns, "messages"))
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        follow = ChatFrames(run, body.model, usage)
+        follow = ChatFrames(run, body.model, usage, cancels_on_disconnect())
         return live_stream(follow, 0, place, Location=run_location(run.id))
     return answer(run, body.model, chat_completion)
 
@@ -134,9 +146,13 @@ def responses() -> Response | Answer:
     with place_for_stream(body.stream) as place:
         run = start_run(body.model, conversation(response_turns(body), "input"))
     if body.stream:
-        follow = ResponseFrames(run, body.model)
+        follow = ResponseFrames(run, body.model, cancels_on_disconnect())
         return live_stream(follow, 0, place, Location=run_location(run.id))
     return answer(run, body.model, response_object)
+
+
+def cancels_on_disconnect() -> bool:
+    return runtime().settings.runs.cancel_on_disconnect
 
 
 # -- input ----------------------------------------------------------------------------
@@ -258,29 +274,42 @@ def waiting_for_approval(run: Run) -> Problem:
 
 
 class ChatFrames:
-    """A run as chat completion chunks: the role, then each model turn's text as a delta
-    as soon as the turn ends (`ModelCallCompleted`), then the end (`chat_final_frames`)."""
+    """A run as chat completion chunks: the role, then each model turn's text as it streams
+    (a blank line between turns), then the end (`chat_final_frames`); a withdrawn text ends
+    the stream with an error (see the module's docstring)."""
 
     shared = False
     needs_run = True
 
-    def __init__(self, run: Run, model: str, include_usage: bool) -> None:
+    def __init__(
+        self, run: Run, model: str, include_usage: bool, cancel_on_disconnect: bool = False
+    ) -> None:
         self.run_id = run.id
         self.run = run
         self.model = model
         self.include_usage = include_usage
-        self.streamed = False
+        self.cancel_on_disconnect = cancel_on_disconnect
+        self.turns = TurnJoin()
+        self.done = False
+
+    @property
+    def streamed(self) -> bool:
+        return self.turns.streamed
 
     def opening(self) -> str:
         return data_frame(chat_chunk(self.run, self.model, {"role": "assistant", "content": ""}))
 
     def frames(self, event: Event) -> str:
-        text = turn_text(event)
-        if text is None:
+        return ""  # a turn's text comes as live items (its tail too, before ModelCallCompleted)
+
+    def live(self, item: LiveItem) -> str:
+        if self.done:
             return ""
-        delta = {"content": turn_separated(text, self.streamed)}
-        self.streamed = True
-        return data_frame(chat_chunk(self.run, self.model, delta))
+        if isinstance(item, LiveDelta):
+            delta = {"content": self.turns.piece(item)}
+            return data_frame(chat_chunk(self.run, self.model, delta))
+        self.done = True
+        return data_frame(withdrawn_error(self.run_id, item.call_seq)) + data_frame("[DONE]")
 
     def closing(self, run: Run | None) -> str:
         assert run is not None
@@ -294,27 +323,46 @@ class ResponseFrames:
     shared = False
     needs_run = True
 
-    def __init__(self, run: Run, model: str) -> None:
+    def __init__(self, run: Run, model: str, cancel_on_disconnect: bool = False) -> None:
         self.run_id = run.id
         self.events = ResponseEvents(run, model)
+        self.cancel_on_disconnect = cancel_on_disconnect
+        self.turns = TurnJoin()
+        self.done = False
 
     def opening(self) -> str:
         return "".join(self.events.opening())
 
     def frames(self, event: Event) -> str:
-        text = turn_text(event)
-        return "" if text is None else "".join(self.events.turn_text(text))
+        return ""
+
+    def live(self, item: LiveItem) -> str:
+        if self.done:
+            return ""
+        if isinstance(item, LiveDelta):
+            return "".join(self.events.text_delta(self.turns.piece(item)))
+        self.done = True
+        return "".join(self.events.withdrawn(item.call_seq))
 
     def closing(self, run: Run | None) -> str:
         assert run is not None
         return "".join(self.events.closing(run))
 
 
-def turn_text(event: Event) -> str | None:
-    """A model turn's non-empty text, from the event that ends the turn."""
-    if event.type == "ModelCallCompleted" and event.data.get("text"):
-        return str(event.data["text"])
-    return None
+class TurnJoin:
+    """The pieces of the turns' text as one answer: a blank line before the first piece of
+    a turn that follows another's text."""
+
+    def __init__(self) -> None:
+        self.streamed = False
+        self.call: int | None = None
+
+    def piece(self, item: LiveDelta) -> str:
+        first = item.call_seq != self.call
+        self.call = item.call_seq
+        text = turn_separated(item.text, self.streamed) if first else item.text
+        self.streamed = True
+        return text
 
 
 # -- errors in OpenAI's shape ---------------------------------------------------------

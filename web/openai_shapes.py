@@ -3,8 +3,10 @@ typed `response.*` stream events, and an agent as a `model`. Pure functions of t
 (and, for streams, of the text of its model turns); the `/v1` views in `web.openai_compat`
 decide when to send what.
 
-In a stream, each model turn's text is one delta, a blank line apart from the turn before
-(`TURN_SEPARATOR`); a run that streamed no text sends its output once at its end.
+In a stream, each model turn's text goes out in pieces as it streams, a blank line apart from
+the turn before (`TURN_SEPARATOR`); a run that streamed no text sends its output once at its
+end. A piece of text already sent cannot be withdrawn from an OpenAI client, so a model call
+that fails after streaming some ends the stream with an error (`withdrawn_error`).
 
 The ids carry the run id (`chatcmpl-<run id>`, `resp_<run id>`), so any answer leads back to
 `GET /api/runs/{id}`.
@@ -39,6 +41,18 @@ def error_body(
 def run_error(run: Run) -> dict[str, Any]:
     message = run.error_message or f"the run ended {run.status}"
     return error_body(message, "server_error", run.error_type or run.status.lower())
+
+
+WITHDRAWN_CODE = "stream_text_withdrawn"
+
+
+def withdrawn_error(run_id: str, call_seq: int) -> dict[str, Any]:
+    """A stream's end when the model call whose text it sent failed: the text is void."""
+    message = (
+        f"run {run_id}: the model call (event {call_seq}) whose text was streamed failed, so "
+        f"that text is withdrawn; the run goes on, read its output at /api/runs/{run_id}"
+    )
+    return error_body(message, "server_error", WITHDRAWN_CODE)
 
 
 def turn_separated(text: str, after_another: bool) -> str:
@@ -232,16 +246,28 @@ class ResponseEvents:
         return {"item_id": message_id(self.run), "output_index": 0, "content_index": 0}
 
     def turn_text(self, text: str) -> Iterator[str]:
-        """A model turn's text as a delta of the message (opening it at the first)."""
+        """A whole model turn's text as a delta of the message (opening it at the first)."""
+        yield from self.text_delta(turn_separated(text, bool(self.text)))
+
+    def text_delta(self, delta: str) -> Iterator[str]:
+        """A piece of the message's text, as it streams (opening the message at the first)."""
         if self.text is None:
             self.text = ""
             empty = output_message(self.run, "in_progress", [])
             yield self.frame("response.output_item.added", output_index=0, item=empty)
             part = output_text_part("")
             yield self.frame("response.content_part.added", **self.where(), part=part)
-        delta = turn_separated(text, bool(self.text))
         self.text += delta
         yield self.frame("response.output_text.delta", **self.where(), delta=delta, logprobs=[])
+
+    def withdrawn(self, call_seq: int) -> Iterator[str]:
+        """The stream's end when text it sent was withdrawn (see `withdrawn_error`)."""
+        if self.text is not None:
+            yield from self.message_done("incomplete")
+        response = response_object(self.run, self.model, "failed")
+        error = withdrawn_error(self.run.id, call_seq)["error"]
+        response["error"] = {"code": error["code"], "message": error["message"]}
+        yield self.frame("response.failed", response=response)
 
     def closing(self, run: Run) -> Iterator[str]:
         """After the run ended: the message's text (the run's output when no turn streamed

@@ -10,6 +10,12 @@ the event feed only says when to read again. Two ways to serve it, sending the s
   iterates `followed`, which blocks the request's thread while the run is quiet.
 
 `web.streams.live_stream` answers with one; `Follow` says what it sends.
+
+Between a model call's `ModelCallStarted` and its end, a stream also sends the call's text
+as it streams (`web.live_turn.TurnCursor` keeps each follower's place in it). The hub gets
+it from the live text's deltas; `followed` has no subscription of its own, so while a call
+is open it reads the turn's snapshot every `LIVE_POLL_SECONDS` (its feed waits that long
+instead of a keep-alive interval) and sends the bytes it had not sent.
 """
 
 from __future__ import annotations
@@ -22,17 +28,31 @@ from typing import Any, Protocol
 from flask import Response, stream_with_context
 
 from tracon_jobs.coordination.event_feed import EventFeed
+from tracon_jobs.coordination.live_text import LiveText
 from tracon_jobs.coordination.streams import RENEW_SECONDS
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENTS
 from tracon_jobs.runs.store import Event, Run, RunStore
+from web.live_turn import KEEPS_OPEN, OPENS, LiveDelta, LiveItem, TurnCursor
 
 KEEPALIVE_SECONDS = 15.0
 KEEPALIVE = ": keep-alive\n\n"
+LIVE_POLL_SECONDS = 0.05
+"""How often `followed` reads the open call's text (the hub is told of each delta)."""
 
 
 def frame(event: Event) -> str:
     payload = json.dumps(event.as_json(), separators=(",", ":"))
     return f"id: {event.seq}\nevent: {event.type}\ndata: {payload}\n\n"
+
+
+def live_frame(item: LiveItem) -> str:
+    """A live text frame: no `id`, so `Last-Event-ID` keeps counting durable events only."""
+    if isinstance(item, LiveDelta):
+        kind, data = "ModelTextDelta", {"callSeq": item.call_seq, "text": item.text}
+    else:
+        kind, data = "ModelTextReset", {"callSeq": item.call_seq}
+    payload = json.dumps({"type": kind, "data": data}, separators=(",", ":"))
+    return f"event: {kind}\ndata: {payload}\n\n"
 
 
 class Follow(Protocol):
@@ -43,10 +63,16 @@ class Follow(Protocol):
     """Whether `frames` depends on the event alone (a hub encodes each event once)."""
     needs_run: bool
     """Whether `closing` needs the ended run (read once the terminal event is in)."""
+    done: bool
+    """Set by `live` when the stream ends there (its last frames were returned)."""
 
     def opening(self) -> str: ...
 
     def frames(self, event: Event) -> str: ...
+
+    def live(self, item: LiveItem) -> str:
+        """The open call's streaming text (a delta), or its withdrawal (a reset)."""
+        ...
 
     def closing(self, run: Run | None) -> str: ...
 
@@ -56,6 +82,7 @@ class EventFrames:
 
     shared = True
     needs_run = False
+    done = False
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
@@ -65,6 +92,9 @@ class EventFrames:
 
     def frames(self, event: Event) -> str:
         return frame(event)
+
+    def live(self, item: LiveItem) -> str:
+        return live_frame(item)
 
     def closing(self, run: Run | None) -> str:
         return ""
@@ -101,6 +131,26 @@ def tail(
             position = woke
 
 
+def open_call(store: RunStore, live: LiveText | None, run_id: str, after: int) -> int | None:
+    """The seq of the call still open at `after` (a follower resuming mid-turn from
+    `Last-Event-ID`), or None: its `ModelCallStarted` is at or before `after` and nothing
+    after it up to `after` closed it."""
+    if live is None or after <= 0:
+        return None
+    try:
+        turn = live.snapshot(run_id)
+    except Exception:
+        return None
+    if turn is None or turn.call_seq > after:
+        return None
+    events = store.events(run_id, turn.call_seq - 1, limit=after - turn.call_seq + 1)
+    if not events or events[0].seq != turn.call_seq or events[0].type != OPENS:
+        return None
+    if any(e.type not in KEEPS_OPEN for e in events[1:] if e.seq <= after):
+        return None
+    return turn.call_seq
+
+
 def followed(
     follow: Follow,
     store: RunStore,
@@ -108,19 +158,64 @@ def followed(
     after: int,
     keepalive: float,
     renew: Callable[[], None] | None = None,
+    live: LiveText | None = None,
+    resume: int | None = None,
 ) -> Iterator[str]:
-    """A stream's text, following the run in the calling thread."""
+    """A stream's text, following the run in the calling thread (see the module's
+    docstring: while a call is open its text is polled)."""
     yield follow.opening() or KEEPALIVE  # the head goes out at once, before the run moves
-    renewed = time.monotonic()
-    for event in tail(store, feed, follow.run_id, after, keepalive):
-        if event is not None:
-            yield follow.frames(event)
+    cursor = TurnCursor()
+    if resume is not None:
+        cursor.resume(resume)
+    run_id = follow.run_id
+    renewed = quiet_since = time.monotonic()
+    last = after
+    position = feed.position(run_id)
+    while True:
+        events = store.events(run_id, last)
+        ended = False
+        for event in events:
+            out = "".join(follow.live(item) for item in cursor.before(event))
+            if follow.done:
+                yield out
+                return
+            yield out + follow.frames(event)
+            last = event.seq
+            if event.type in TERMINAL_EVENTS:
+                ended = True
+                break
+        if ended:
+            break
+        if events:
+            position = feed.position(run_id)
+            quiet_since = time.monotonic()
             continue
+        polling = live is not None and cursor.open is not None
+        if polling:
+            assert live is not None
+            try:
+                text = "".join(follow.live(item) for item in cursor.snapshot(live.snapshot(run_id)))
+            except Exception:  # Redis away: the durable ModelCallCompleted tells it all
+                text = ""
+            if text:
+                quiet_since = time.monotonic()
+                yield text
+            if follow.done:
+                return
+        wait = min(LIVE_POLL_SECONDS, keepalive) if polling else keepalive
+        woke = feed.wait(run_id, position, wait)
+        if woke is not None:
+            position = woke
+            continue
+        now = time.monotonic()
+        if now - quiet_since < keepalive:
+            continue
+        quiet_since = now
         yield KEEPALIVE
-        if renew is not None and time.monotonic() - renewed >= RENEW_SECONDS:
+        if renew is not None and now - renewed >= RENEW_SECONDS:
             renew()
             renewed = time.monotonic()
-    run = store.get(follow.run_id) if follow.needs_run else None
+    run = store.get(run_id) if follow.needs_run else None
     yield follow.closing(run)
 
 

@@ -14,6 +14,14 @@ thread is free. The hub holds the connections, non-blocking, in one selector:
   notification costs at most one interval, never an event.
 - A client that does not read lets its buffer grow to `MAX_BUFFERED` bytes, then is dropped
   (it resumes from `Last-Event-ID`).
+- A second subscription, to the live text (`LiveText.listen`), carries a streaming model
+  call's deltas; each follower's `TurnCursor` takes what extends what it was sent. When a
+  follower's call opens (its `ModelCallStarted` delivered, or resumed mid-turn) or it sees a
+  gap, the run's turn text is read once on a reader thread for all its followers; deltas that
+  arrive meanwhile wait and are applied after it (their offsets drop what the snapshot
+  held). A resubscription reads the snapshots again of runs with an open call.
+- A follower whose `Follow` says `cancel_on_disconnect` cancels its run when its client
+  goes away before the stream ended (`/v1` under `OpenAI.CancelOnDisconnect`).
 """
 
 from __future__ import annotations
@@ -28,10 +36,12 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from tracon_jobs.coordination.event_feed import EventFeed
+from tracon_jobs.coordination.event_feed import EventFeed, Listening
+from tracon_jobs.coordination.live_text import LiveText, TextDelta, TurnText
 from tracon_jobs.coordination.streams import RENEW_SECONDS, StreamPlace, StreamPlaces
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENTS
 from tracon_jobs.runs.store import Event, Run, RunStore
+from web.live_turn import LiveItem, TurnCursor
 from web.sse import KEEPALIVE, KEEPALIVE_SECONDS, Follow
 
 log = logging.getLogger(__name__)
@@ -48,11 +58,22 @@ LAST_CHUNK = b"0\r\n\r\n"
 class Follower:
     """One client's stream: its connection, what it was sent, what waits to be written."""
 
-    __slots__ = ("chunked", "ending", "follow", "last", "out", "place", "quiet_until", "sock")
+    __slots__ = (
+        "chunked",
+        "cursor",
+        "ending",
+        "follow",
+        "last",
+        "out",
+        "place",
+        "quiet_until",
+        "sock",
+    )
 
     def __init__(
         self, sock: socket.socket, follow: Follow, last: int, place: StreamPlace, chunked: bool
     ) -> None:
+        self.cursor = TurnCursor()
         self.sock = sock
         self.follow = follow
         self.last = last
@@ -73,6 +94,15 @@ class Follower:
         else:
             self.out += data
 
+    def queue_live(self, items: list[LiveItem]) -> None:
+        for item in items:
+            self.queue(self.follow.live(item))
+            if self.follow.done and not self.ending:  # the stream ends here
+                if self.chunked:
+                    self.out += LAST_CHUNK
+                self.ending = True
+                return
+
 
 class StreamHub:
     """The live streams of one process (see the module's docstring)."""
@@ -86,6 +116,8 @@ class StreamHub:
         readers: int = READERS,
         *,
         max_buffered: int = MAX_BUFFERED,
+        live_text: LiveText | None = None,
+        cancel: Callable[[str], None] | None = None,
     ) -> None:
         self.runs = runs
         self.places = places
@@ -101,11 +133,18 @@ class StreamHub:
         self.reading: set[str] = set()
         self.again: set[str] = set()
         self.returning: list[StreamPlace] = []  # dropped followers' places, given back at once
+        self.live_text = live_text
+        self.cancel = cancel  # cancels a run (a follower that cancels on disconnect)
+        self.snapshotting: dict[str, list[TextDelta]] = {}  # deltas held during the read
+        self.snapshot_again: set[str] = set()
         self.pool = ThreadPoolExecutor(readers, thread_name_prefix="stream-reader")
         self.closed = False
         self.thread = threading.Thread(target=self.loop, name="stream-hub", daemon=True)
         self.thread.start()
         self.listening = feed.listen(self.notified, self.resync)
+        self.text_listening: Listening | None = None
+        if live_text is not None:
+            self.text_listening = live_text.listen(self.text_delta, self.text_resync)
 
     # -- from any thread -----------------------------------------------------------------
 
@@ -116,10 +155,19 @@ class StreamHub:
             self.wake_out.send(b"\0")
 
     def adopt(
-        self, sock: socket.socket, follow: Follow, after: int, place: StreamPlace, chunked: bool
+        self,
+        sock: socket.socket,
+        follow: Follow,
+        after: int,
+        place: StreamPlace,
+        chunked: bool,
+        resume: int | None = None,
     ) -> None:
+        """`resume`: the call open at `after` (`web.sse.open_call`), for a mid-turn rejoin."""
         sock.setblocking(False)
         follower = Follower(sock, follow, after, place, chunked)
+        if resume is not None:
+            follower.cursor.resume(resume)
         follower.queue(follow.opening() or KEEPALIVE)
         self.call(lambda: self.join(follower))
 
@@ -131,12 +179,22 @@ class StreamHub:
         """The subscription is (again) in place: whatever it missed is read now."""
         self.call(lambda: self.read_all(self.followers))
 
+    def text_delta(self, delta: TextDelta) -> None:
+        if delta.run_id in self.followers:
+            self.call(lambda: self.on_delta(delta))
+
+    def text_resync(self) -> None:
+        """The text subscription is (again) in place: open calls' text is read again."""
+        self.call(self.snapshot_open_calls)
+
     def count(self) -> int:
         return sum(len(group) for group in list(self.followers.values()))
 
     def close(self) -> None:
         self.closed = True
         self.listening.close()
+        if self.text_listening is not None:
+            self.text_listening.close()
         self.call(lambda: None)
 
     # -- the hub's thread ----------------------------------------------------------------
@@ -193,6 +251,7 @@ class StreamHub:
         follower.quiet_until = time.monotonic() + self.keepalive
         self.flush(follower)
         self.read(follower.follow.run_id)
+        self.snapshot_if_needed(follower.follow.run_id)
 
     def client_is_there(self, follower: Follower) -> bool:
         """A readable follower socket: the client closed it (or sent something to ignore)."""
@@ -259,6 +318,9 @@ class StreamHub:
                         text = shared[event.seq] = follower.follow.frames(event)
                 else:
                     text = follower.follow.frames(event)
+                follower.queue_live(follower.cursor.before(event))
+                if follower.ending:
+                    break
                 follower.queue(text)
                 follower.last = event.seq
                 if ends:
@@ -269,6 +331,78 @@ class StreamHub:
                     break
             follower.quiet_until = now + self.keepalive
             self.flush(follower)
+        self.snapshot_if_needed(run_id)
+
+    # -- live text (the hub's thread) ------------------------------------------------------
+
+    def on_delta(self, delta: TextDelta) -> None:
+        held = self.snapshotting.get(delta.run_id)
+        if held is not None:  # applied once the snapshot is in
+            held.append(delta)
+            return
+        self.apply(delta.run_id, delta)
+
+    def apply(self, run_id: str, delta: TextDelta) -> None:
+        now = time.monotonic()
+        for follower in list(self.followers.get(run_id, ())):
+            if follower.ending:
+                continue
+            items = follower.cursor.delta(delta)
+            if items:
+                follower.queue_live(items)
+                follower.quiet_until = now + self.keepalive
+                self.flush(follower)
+        self.snapshot_if_needed(run_id)
+
+    def snapshot_if_needed(self, run_id: str) -> None:
+        group = self.followers.get(run_id, ())
+        if any(f.cursor.needs_snapshot and not f.ending for f in group):
+            self.read_snapshot(run_id)
+
+    def snapshot_open_calls(self) -> None:
+        for run_id, group in list(self.followers.items()):
+            if any(f.cursor.open is not None for f in group):
+                self.read_snapshot(run_id)
+
+    def read_snapshot(self, run_id: str) -> None:
+        if self.live_text is None:
+            return
+        if run_id in self.snapshotting:
+            self.snapshot_again.add(run_id)
+            return
+        self.snapshotting[run_id] = []
+        self.pool.submit(self.fetch_snapshot, run_id)
+
+    def fetch_snapshot(self, run_id: str) -> None:
+        """On a reader thread: the run's turn text so far."""
+        assert self.live_text is not None
+        turn: TurnText | None = None
+        ok = True
+        try:
+            turn = self.live_text.snapshot(run_id)
+        except Exception as exc:  # the durable ModelCallCompleted still carries the text
+            log.warning("live text of run %s not read: %s", run_id, exc)
+            ok = False
+        self.call(lambda: self.snapshotted(run_id, turn, ok))
+
+    def snapshotted(self, run_id: str, turn: TurnText | None, ok: bool) -> None:
+        held = self.snapshotting.pop(run_id, [])
+        now = time.monotonic()
+        for follower in list(self.followers.get(run_id, ())):
+            if follower.ending:
+                continue
+            items = follower.cursor.snapshot(turn) if ok else []
+            for delta in held:
+                items += follower.cursor.delta(delta)
+            if items:
+                follower.queue_live(items)
+                follower.quiet_until = now + self.keepalive
+                self.flush(follower)
+        if run_id in self.snapshot_again:
+            self.snapshot_again.discard(run_id)
+            self.read_snapshot(run_id)
+        elif ok:
+            self.snapshot_if_needed(run_id)
 
     def flush(self, follower: Follower) -> None:
         out = follower.out
@@ -299,6 +433,9 @@ class StreamHub:
         group = self.followers.get(follower.follow.run_id)
         if group is None or follower not in group:
             return
+        left = not follower.ending and not self.closed and self.cancel is not None
+        if left and cancels_on_disconnect(follower.follow):
+            self.pool.submit(self.cancel_run, follower.follow.run_id)
         group.discard(follower)
         if not group:
             del self.followers[follower.follow.run_id]
@@ -327,6 +464,13 @@ class StreamHub:
                     self.flush(follower)
         self.read_all(quiet)
 
+    def cancel_run(self, run_id: str) -> None:
+        assert self.cancel is not None
+        try:
+            self.cancel(run_id)
+        except Exception as exc:
+            log.warning("run %s not canceled after its client went away: %s", run_id, exc)
+
     def give_back(self, places: list[StreamPlace]) -> None:
         try:
             self.places.give_back_all(places)
@@ -338,3 +482,8 @@ class StreamHub:
             self.places.renew(places)
         except Exception as exc:
             log.warning("stream places not renewed: %s", exc)
+
+
+def cancels_on_disconnect(follow: Follow) -> bool:
+    """Whether the run ends with its stream's client (`/v1` under `Runs.CancelOnDisconnect`)."""
+    return bool(getattr(follow, "cancel_on_disconnect", False))

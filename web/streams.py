@@ -22,11 +22,33 @@ from flask import Flask, Response, current_app, request
 from tracon_jobs import metrics
 from tracon_jobs.coordination.streams import StreamPlace, StreamPlaces
 from tracon_jobs.handoff import HANDOFF
+from tracon_jobs.runs.cancel import cancel_tree
+from tracon_jobs.runs.lifecycle import RunStatus
+from tracon_jobs.runtime import Runtime
 from web.auth import tenant_id
 from web.extensions import runtime
 from web.problems import Problem
-from web.sse import KEEPALIVE_SECONDS, Follow, followed, sse_response
-from web.stream_hub import StreamHub
+from web.sse import KEEPALIVE_SECONDS, Follow, followed, open_call, sse_response
+from web.stream_hub import StreamHub, cancels_on_disconnect
+
+
+def cancel_run(rt: Runtime, run_id: str) -> None:
+    """Cancel a run whose streaming client went away (`Runs.CancelOnDisconnect`)."""
+    run = rt.runs.get(run_id)
+    if run is not None and not RunStatus(run.status).is_terminal:
+        cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, run)
+
+
+def canceled_when_left(frames: Iterator[str], cancel: Callable[[], None]) -> Iterator[str]:
+    """The stream's text; its run is canceled when the server closes it before its end (the
+    client went away)."""
+    ended = False
+    try:
+        yield from frames
+        ended = True
+    finally:
+        if not ended:
+            cancel()
 
 
 class CountedPlaces(StreamPlaces):
@@ -92,10 +114,14 @@ def live_stream(
     places = stream_places()
     rt = runtime()
     keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", KEEPALIVE_SECONDS)
-    frames = followed(follow, rt.runs, rt.feed, after, keepalive, partial(places.renew, [place]))
+    resume = open_call(rt.runs, rt.live_text, follow.run_id, after)
+    renew = partial(places.renew, [place])
+    frames = followed(follow, rt.runs, rt.feed, after, keepalive, renew, rt.live_text, resume)
+    if cancels_on_disconnect(follow):
+        frames = canceled_when_left(frames, partial(cancel_run, rt, follow.run_id))
     response = sse_response(frames, **headers)
     app = current_app._get_current_object()  # type: ignore[attr-defined]
-    handoff = HubHandoff(lambda: stream_hub(app), follow, after, place)
+    handoff = HubHandoff(lambda: stream_hub(app), follow, after, place, resume)
     request.environ[HANDOFF] = handoff
 
     def give_back() -> None:
@@ -111,16 +137,22 @@ class HubHandoff:
     the process's hub (see `tracon_jobs.handoff`)."""
 
     def __init__(
-        self, hub: Callable[[], StreamHub], follow: Follow, after: int, place: StreamPlace
+        self,
+        hub: Callable[[], StreamHub],
+        follow: Follow,
+        after: int,
+        place: StreamPlace,
+        resume: int | None = None,
     ) -> None:
         self.hub = hub
         self.follow = follow
         self.after = after
         self.place = place
+        self.resume = resume  # the call open at `after` (web.sse.open_call)
         self.adopted = False
 
     def adopt(self, sock: socket.socket, chunked: bool) -> None:
-        self.hub().adopt(sock, self.follow, self.after, self.place, chunked)
+        self.hub().adopt(sock, self.follow, self.after, self.place, chunked, self.resume)
         self.adopted = True
 
 
@@ -137,6 +169,7 @@ def stream_hub(app: Flask) -> StreamHub:
             rt = runtime()
             places = stream_places()
         keepalive = app.config.get("SSE_KEEPALIVE_SECONDS", KEEPALIVE_SECONDS)
-        hub = StreamHub(rt.runs, rt.feed, places, keepalive)
+        cancel = partial(cancel_run, rt)
+        hub = StreamHub(rt.runs, rt.feed, places, keepalive, live_text=rt.live_text, cancel=cancel)
         app.extensions["tracon_stream_hub"] = (os.getpid(), hub)
         return hub

@@ -195,6 +195,10 @@ BUFFERED_WAIT_TIMEOUT: Final = timedelta(minutes=10)
 MAX_TURNS: Final = 16
 """Model turns per run; stops a model that keeps calling tools forever."""
 
+CANCEL_ON_DISCONNECT: Final = False
+"""Whether a `/v1` streaming answer's run is canceled when its client goes away before the end.
+Off by default: the run is durable and its result stays readable at `/api/runs/{id}`."""
+
 # --- Worker (tracon-jobs additions) --------------------------------------------------------
 
 WORKER_CONCURRENCY: Final = 16

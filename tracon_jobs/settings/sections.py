@@ -332,6 +332,7 @@ class RunsSettings(ConfigModel):
     requeue_after: PositiveDuration = defaults.REQUEUE_AFTER
     buffered_wait_timeout: PositiveDuration = defaults.BUFFERED_WAIT_TIMEOUT
     max_turns: AtLeastOne = defaults.MAX_TURNS
+    cancel_on_disconnect: bool = defaults.CANCEL_ON_DISCONNECT
 
 
 class WorkerSettings(ConfigModel):
