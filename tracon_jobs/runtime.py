@@ -58,6 +58,10 @@ from tracon_jobs.workflows.store import WorkflowStore
 
 log = logging.getLogger(__name__)
 
+REDIS_CONNECTIONS_SPARE = 256
+"""Connections a process's Redis pool may open beyond two per worker thread (request
+threads, listeners, the flusher, the stream hub's readers)."""
+
 
 class Runtime:
     """Builds and wires the services of one process; holds no logic of its own."""
@@ -81,12 +85,16 @@ class Runtime:
             outage_retry_seconds=settings.database.outage_retry.total_seconds(),
         )
         # One quick retry, not redis-py's default backoff: an unreachable Redis must not
-        # stall a provider call for seconds before `OnStoreUnavailable` decides.
+        # stall a provider call for seconds before `OnStoreUnavailable` decides. The pool
+        # holds a connection per busy thread (each run's, the live text's flusher, the
+        # listeners, a web process's request threads): redis-py's default cap of 100 would
+        # refuse a call ("Too many connections") at a hundred runs in flight.
         self.redis = redis.Redis.from_url(
             settings.redis.url,
             health_check_interval=30,
             socket_connect_timeout=2,
             retry=Retry(NoBackoff(), 1),
+            max_connections=REDIS_CONNECTIONS_SPARE + 2 * settings.worker.concurrency,
         )
         self.feed = feed or RedisEventFeed(self.redis)
         self.runs = RunStore(self.db, self.feed)
