@@ -123,3 +123,41 @@ def test_a_provider_set_not_to_stream_cannot(stub: StubProvider) -> None:
         "p", base_url=stub.base_url, api_key="k", timeout_seconds=5, stream=False
     )
     assert not can_stream(provider)
+
+
+def test_a_stream_that_goes_quiet_ends_at_its_idle_timeout(stub_provider: StubProvider) -> None:
+    provider = OpenAIProvider(
+        "quiet",
+        base_url=stub_provider.base_url,
+        api_key=None,
+        timeout_seconds=10,
+        idle_timeout_seconds=0.3,
+    )
+    stub_provider.enqueue(Reply("one two three", chunks=3, chunk_delay=1.0))
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as failed:
+        provider.stream(
+            ModelRequest(model="m", messages=[{"role": "user", "content": "hi"}]),
+            AbortSignal(),
+            lambda piece: None,
+        )
+    assert failed.value.kind == "timeout"
+    assert time.monotonic() - started < 2.0, "the idle timeout did not end the wait"
+    provider.close()
+
+
+@pytest.mark.parametrize(
+    ("provider", "named"),
+    [
+        ({"Kind": "scripted", "Stream": True, "Script": [{"Text": "hi"}]}, "Stream"),
+        ({"Kind": "openai", "TimeoutSeconds": 5, "IdleTimeoutSeconds": 6}, "IdleTimeoutSeconds"),
+    ],
+)
+def test_stream_settings_that_cannot_hold_are_refused(provider: dict, named: str) -> None:
+    from pydantic import ValidationError
+
+    from tracon_jobs.settings import Settings
+
+    with pytest.raises(ValidationError) as refused:
+        Settings.model_validate({"Providers": {"p": provider}})
+    assert named in str(refused.value)

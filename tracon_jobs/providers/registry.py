@@ -51,6 +51,7 @@ def build_provider(
             api_key=settings.resolved_api_key(environ),
             timeout_seconds=settings.timeout_seconds,
             stream=_streams(settings),
+            idle_timeout_seconds=getattr(settings, "idle_timeout_seconds", None),
         )
     if kind == "scripted":
         return ScriptedProvider.from_settings(name, settings.script or [])
@@ -61,6 +62,7 @@ def build_provider(
             api_key=settings.resolved_api_key(environ),
             timeout_seconds=settings.timeout_seconds,
             stream=_streams(settings),
+            idle_timeout_seconds=getattr(settings, "idle_timeout_seconds", None),
         )
     raise ConfigurationError(
         f"Providers.{name}.Kind", f"must be openai, anthropic or scripted, not '{kind}'"

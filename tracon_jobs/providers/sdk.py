@@ -95,9 +95,11 @@ class SdkProvider:
         api_key: str | None,
         timeout_seconds: float,
         stream: bool = True,
+        idle_timeout_seconds: float | None = None,
     ) -> None:
         self.name = name
         self.streams = stream
+        self._idle_timeout_seconds = idle_timeout_seconds or timeout_seconds
         self._base_url = base_url or None
         self._api_key = api_key or self.placeholder_api_key
         self._timeout_seconds = timeout_seconds
@@ -141,7 +143,11 @@ class SdkProvider:
                 timer.start()
                 try:
                     response = client.post(
-                        self.path, body=arguments, cast_to=httpx2.Response, stream=True
+                        self.path,
+                        body=arguments,
+                        cast_to=httpx2.Response,
+                        stream=True,
+                        options={"timeout": self._stream_timeout()},
                     )
                     try:
                         for line in response.iter_lines():
@@ -164,6 +170,11 @@ class SdkProvider:
         if timed_out.is_set():
             raise self._timeout()
         return reader.result()
+
+    def _stream_timeout(self) -> httpx2.Timeout:
+        """Each wait (connecting, each chunk) ends at the idle timeout; the timer set to
+        `TimeoutSeconds` ends the whole call."""
+        return httpx2.Timeout(self._idle_timeout_seconds)
 
     def _timeout(self) -> ProviderError:
         return ProviderError(

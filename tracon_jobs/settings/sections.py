@@ -416,11 +416,40 @@ class ProviderSettings(ConfigModel):
         "startup (set it empty for a server that needs no key).",
     )
     timeout_seconds: PositiveFloat = defaults.PROVIDER_TIMEOUT_SECONDS
+    stream: bool = Field(
+        True,
+        description="`openai` and `anthropic`: read each answer as it arrives and publish its "
+        "text live to the run's followers; `false` waits for the whole answer. A `scripted` "
+        "provider never streams and refuses `true`.",
+    )
+    idle_timeout_seconds: PositiveFloat | None = Field(
+        None,
+        description="Longest wait between two chunks of a streaming answer (at most "
+        "`TimeoutSeconds`, which bounds the whole call); null is `TimeoutSeconds`.",
+    )
     script: list[ScriptStep] = Field(
         [],
         description="The `scripted` provider's answers, one per model turn; each step sets "
         "`Text`, `ToolCalls` or `ErrorStatus`.",
     )
+
+    @model_validator(mode="after")
+    def _streams_where_it_can(self) -> ProviderSettings:
+        if self.kind == "scripted" and self.stream and "stream" in self.model_fields_set:
+            raise broken_rule("Stream: a scripted provider never streams (leave it unset)")
+        if self.idle_timeout_seconds is not None and (
+            self.idle_timeout_seconds > self.timeout_seconds
+        ):
+            raise broken_rule(
+                f"IdleTimeoutSeconds: at most TimeoutSeconds ({self.timeout_seconds:g}), "
+                f"not {self.idle_timeout_seconds:g}"
+            )
+        return self
+
+    @property
+    def idle_timeout(self) -> float:
+        """The longest wait between two chunks of a streaming answer, in seconds."""
+        return self.idle_timeout_seconds or self.timeout_seconds
 
     def resolved_api_key(self, environ: Mapping[str, str] = os.environ) -> str | None:
         """The key itself, or the variable it is kept in, read when the client is built so a
