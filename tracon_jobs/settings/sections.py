@@ -332,7 +332,7 @@ class RunsSettings(ConfigModel):
     requeue_after: PositiveDuration = defaults.REQUEUE_AFTER
     buffered_wait_timeout: PositiveDuration = defaults.BUFFERED_WAIT_TIMEOUT
     max_turns: AtLeastOne = defaults.MAX_TURNS
-    cancel_on_disconnect: bool = defaults.CANCEL_ON_DISCONNECT
+    cancel_on_disconnect: Flag = defaults.CANCEL_ON_DISCONNECT
 
 
 class WorkerSettings(ConfigModel):
@@ -416,11 +416,11 @@ class ProviderSettings(ConfigModel):
         "startup (set it empty for a server that needs no key).",
     )
     timeout_seconds: PositiveFloat = defaults.PROVIDER_TIMEOUT_SECONDS
-    stream: bool = Field(
-        True,
+    stream: Flag | None = Field(
+        None,
         description="`openai` and `anthropic`: read each answer as it arrives and publish its "
-        "text live to the run's followers; `false` waits for the whole answer. A `scripted` "
-        "provider never streams and refuses `true`.",
+        "text live to the run's followers (null or `true`); `false` waits for the whole "
+        "answer. A `scripted` provider never streams and refuses `true`.",
     )
     idle_timeout_seconds: PositiveFloat | None = Field(
         None,
@@ -435,7 +435,7 @@ class ProviderSettings(ConfigModel):
 
     @model_validator(mode="after")
     def _streams_where_it_can(self) -> ProviderSettings:
-        if self.kind == "scripted" and self.stream and "stream" in self.model_fields_set:
+        if self.kind == "scripted" and self.stream:
             raise broken_rule("Stream: a scripted provider never streams (leave it unset)")
         if self.idle_timeout_seconds is not None and (
             self.idle_timeout_seconds > self.timeout_seconds
