@@ -31,6 +31,9 @@ class LiveDelta:
 
     call_seq: int
     text: str
+    whole: bool = False
+    """The call's whole text, from its `ModelCallCompleted`: none of it streamed (a provider
+    that does not stream). The native stream sends nothing for it (the event carries it)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class TurnCursor:
             if len(full) > self.sent:
                 tail = full[self.sent :].decode(errors="ignore")
                 if tail:
-                    items.append(LiveDelta(self.open, tail))
+                    items.append(LiveDelta(self.open, tail, whole=self.sent == 0))
             self._close()
         elif self.open is not None:
             if self.sent and not self.dead:

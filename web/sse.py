@@ -94,6 +94,8 @@ class EventFrames:
         return frame(event)
 
     def live(self, item: LiveItem) -> str:
+        if isinstance(item, LiveDelta) and item.whole:
+            return ""  # a call that did not stream: its ModelCallCompleted has the text
         return live_frame(item)
 
     def closing(self, run: Run | None) -> str:
