@@ -53,6 +53,7 @@ class Reply:
     cached_input_tokens: int = 0  # of input_tokens, served from the prompt cache
     chunks: int | None = None  # a streamed text in this many pieces (None: about 4 chars each)
     chunk_delay: float = 0.0
+    stop_reason: str | None = None  # Anthropic's (None: tool_use with tool calls, else end_turn)
 
     def respond(self, exchange: Exchange) -> None:
         if exchange.body.get("stream"):
@@ -87,7 +88,7 @@ class Reply:
             "role": "assistant",
             "model": self.model or body.get("model", "stub-model"),
             "content": content,
-            "stop_reason": "tool_use" if self.tool_calls else "end_turn",
+            "stop_reason": self.stop_reason or ("tool_use" if self.tool_calls else "end_turn"),
             "stop_sequence": None,
             "usage": {  # Anthropic's input_tokens leave out the prompt cache's
                 "input_tokens": self.input_tokens - self.cached_input_tokens,
@@ -550,3 +551,29 @@ class StreamThenDrop:
 
 def stream_then_drop(text: str, after_chunks: int = 2) -> StreamThenDrop:
     return StreamThenDrop(Reply(text), after_chunks)
+
+
+@dataclass(frozen=True)
+class StreamThenError:
+    """Stream the first `after_chunks` Messages events of `reply`, then an `event: error`
+    frame: an Anthropic upstream that fails mid-answer (the Messages API only)."""
+
+    reply: Reply
+    after_chunks: int = 4
+    error_type: str = "overloaded_error"
+    message: str = "Overloaded"
+
+    def respond(self, exchange: Exchange) -> None:
+        events = self.reply.message_events(exchange.body)[: self.after_chunks]
+        payload = {"type": "error", "error": {"type": self.error_type, "message": self.message}}
+        failure = f"event: error\ndata: {json.dumps(payload)}\n\n"
+        exchange.send_events([*events, failure], self.reply.chunk_delay)
+
+
+def stream_then_error(
+    text: str,
+    after_chunks: int = 4,
+    error_type: str = "overloaded_error",
+    message: str = "Overloaded",
+) -> StreamThenError:
+    return StreamThenError(Reply(text), after_chunks, error_type, message)

@@ -8,13 +8,21 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.stub_provider import Reply, StubProvider, StubToolCall, error, stream_then_drop
+from tests.stub_provider import (
+    Reply,
+    StubProvider,
+    StubToolCall,
+    error,
+    stream_then_drop,
+    stream_then_error,
+)
 from tracon_jobs.abort import AbortSignal
-from tracon_jobs.errors import ProviderError
+from tracon_jobs.errors import ContentBlockedError, ProviderError
 from tracon_jobs.providers.anthropic import AnthropicProvider
 from tracon_jobs.providers.base import ModelRequest, can_stream
 from tracon_jobs.providers.openai import OpenAIProvider
 from tracon_jobs.providers.sdk import SdkProvider
+from tracon_jobs.resilience.classify import Verdict, classify
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -116,6 +124,79 @@ def test_an_http_error_before_the_stream_keeps_its_status(
     with pytest.raises(ProviderError) as raised:
         provider.stream(REQUEST, AbortSignal(), lambda _: None)
     assert (raised.value.status, raised.value.retry_after) == (429, 3.0)
+
+
+@pytest.fixture
+def anthropic_provider(stub: StubProvider) -> Iterator[AnthropicProvider]:
+    made = AnthropicProvider("p", base_url=stub.root_url, api_key="k", timeout_seconds=5)
+    yield made
+    made.close()
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "finish_reason"),
+    [
+        ("max_tokens", "length"),
+        ("model_context_window_exceeded", "length"),
+        ("stop_sequence", "stop"),
+        ("pause_turn", "stop"),
+        ("a_reason_of_tomorrow", "a_reason_of_tomorrow"),
+    ],
+)
+def test_an_anthropic_stream_keeps_any_stop_reason_as_complete_does(
+    stub: StubProvider,
+    anthropic_provider: AnthropicProvider,
+    stop_reason: str,
+    finish_reason: str,
+) -> None:
+    answer = Reply("cut short at the", output_tokens=7, stop_reason=stop_reason, chunks=4)
+    stub.enqueue(answer, answer)
+    completed = anthropic_provider.complete(REQUEST, AbortSignal())
+    pieces: list[str] = []
+    streamed = anthropic_provider.stream(REQUEST, AbortSignal(), pieces.append)
+    assert completed.finish_reason == finish_reason
+    assert (completed.text, completed.usage.input_tokens, completed.usage.output_tokens) == (
+        "cut short at the",
+        10,
+        7,
+    )
+    assert streamed == completed
+    assert "".join(pieces) == "cut short at the" and len(pieces) == 4
+
+
+def test_an_anthropic_refusal_is_blocked_content_streamed_or_not(
+    stub: StubProvider, anthropic_provider: AnthropicProvider
+) -> None:
+    answer = Reply("I will not", stop_reason="refusal")
+    stub.enqueue(answer, answer)
+    with pytest.raises(ContentBlockedError) as completed:
+        anthropic_provider.complete(REQUEST, AbortSignal())
+    pieces: list[str] = []
+    with pytest.raises(ContentBlockedError) as streamed:
+        anthropic_provider.stream(REQUEST, AbortSignal(), pieces.append)
+    assert completed.value.kind == streamed.value.kind == "content_blocked"
+    assert classify(streamed.value) == classify(completed.value) == Verdict(False, False)
+    assert "".join(pieces) == "I will not"
+
+
+@pytest.mark.parametrize(("error_type", "status"), [("overloaded_error", 529), ("api_error", 500)])
+def test_an_anthropic_error_event_mid_stream_fails_as_that_status_would(
+    stub: StubProvider, anthropic_provider: AnthropicProvider, error_type: str, status: int
+) -> None:
+    stub.enqueue(error(status, message="Overloaded"))
+    with pytest.raises(ProviderError) as answered:
+        anthropic_provider.complete(REQUEST, AbortSignal())
+    # message_start, content_block_start, two of the three text deltas, then the error event
+    stub.enqueue(stream_then_error("abcdefghijkl", after_chunks=4, error_type=error_type))
+    pieces: list[str] = []
+    with pytest.raises(ProviderError) as streamed:
+        anthropic_provider.stream(REQUEST, AbortSignal(), pieces.append)
+    failure = streamed.value
+    assert (failure.kind, failure.status, failure.retry_after) == ("http", status, None)
+    assert (failure.kind, failure.status) == (answered.value.kind, answered.value.status)
+    assert classify(failure) == classify(answered.value) == Verdict(counts=True, transient=True)
+    assert error_type in str(failure) and "Overloaded" in str(failure)
+    assert pieces == ["abcd", "efgh"]  # "ijkl" never came
 
 
 def test_a_provider_set_not_to_stream_cannot(stub: StubProvider) -> None:
