@@ -16,7 +16,7 @@ from tracon_jobs.providers.base import Usage
 MILLION = Decimal(1_000_000)
 
 
-class _Price(Protocol):
+class Price(Protocol):
     @property
     def input_per_million(self) -> Decimal: ...
 
@@ -34,7 +34,7 @@ class _Pricing(Protocol):
     @property
     def currency(self) -> str: ...
 
-    def price_for(self, model: str) -> _Price | None: ...
+    def price_for(self, model: str) -> Price | None: ...
 
 
 def price(pricing: _Pricing, model: str, usage: Usage) -> tuple[Decimal, str]:
@@ -69,3 +69,10 @@ def price_at(pricing: _Pricing, asked: str, answered: str, usage: Usage) -> tupl
         if pricing.price_for(model) is not None:
             return price(pricing, model, usage)
     return Decimal(0), "Unknown"
+
+
+def price_before(pricing: _Pricing, asked: str) -> Price | None:
+    """The price a call to model `asked` will be charged at, as far as it is known before
+    the call (the model that answers may name itself otherwise): `asked`, then `asked`
+    without a dated suffix."""
+    return pricing.price_for(asked) or pricing.price_for(_DATED.sub("", asked))

@@ -11,14 +11,18 @@ import pytest
 import redis
 
 from tests.helpers import MakeRuntime, Script, hold_queued, scripted_agent
+from tests.stub_provider import Reply, StubProvider
 from tracon_jobs.limits.budget_store import (
+    UNCAPPED_ROOM,
     BudgetStore,
     Limits,
     MemoryBudgetStore,
+    OutputAsk,
     RedisBudgetStore,
     Totals,
 )
-from tracon_jobs.limits.tree import seed_totals
+from tracon_jobs.limits.tree import estimate_tokens, seed_totals
+from tracon_jobs.runs.executor import initial_messages
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
@@ -274,3 +278,131 @@ def test_a_lost_budget_is_rebuilt_from_sql(
 
     assert flushed and run.error_type == "run_budget_exceeded"
     assert run.input_tokens + run.output_tokens == 60, "the limit held across the flush"
+
+
+TOKENS_100 = Limits(depth=3, tokens=100, cost=None, runs=None, duration=None)
+
+
+def test_a_model_call_asks_for_no_more_output_than_the_tree_has_left(
+    budget_store: BudgetStore,
+) -> None:
+    # Given a tree of 100 tokens that spent 30: 70 left, 20 of them the call's own input
+    budget_store.open("root", Totals(tokens=30))
+
+    capped = budget_store.gate("root", "model", TOKENS_100, ask=OutputAsk(20, 500))
+
+    assert (capped.output_cap, capped.reserve) == (50, 70)
+    # the reservation holds the rest: a concurrent call of the tree finds no room
+    assert budget_store.gate("root", "model", TOKENS_100, ask=OutputAsk(20, 500)).refused
+    budget_store.spend("root", released=70, tokens=25, cost=Decimal(0), unknown_price=False)
+    # 45 left: a call wanting 10 is not capped, and reserves what it asked for
+    small = budget_store.gate("root", "model", TOKENS_100, ask=OutputAsk(20, 10))
+    assert (small.output_cap, small.reserve) == (0, 30)
+    budget_store.spend("root", released=30, tokens=0, cost=Decimal(0), unknown_price=False)
+    # a call asking for no particular output is capped at the room (small next to a model's)
+    unset = budget_store.gate("root", "model", TOKENS_100, ask=OutputAsk(20, None))
+    assert (unset.output_cap, unset.reserve) == (25, 45)
+    budget_store.spend("root", released=45, tokens=0, cost=Decimal(0), unknown_price=False)
+    # an input that alone fills the room still gets a request the provider accepts
+    assert budget_store.gate("root", "model", TOKENS_100, ask=OutputAsk(60, 500)).output_cap == 1
+
+
+def test_the_cost_left_caps_the_output_at_the_links_prices(budget_store: BudgetStore) -> None:
+    limits = Limits(depth=3, tokens=None, cost=Decimal("1.0"), runs=None, duration=None)
+    budget_store.open("root", Totals(cost=Decimal("0.5")))
+    priced = OutputAsk(100, 1000, input_price=Decimal("0.001"), output_price=Decimal("0.008"))
+
+    verdict = budget_store.gate("root", "model", limits, ask=priced)
+
+    # 0.5 left, 0.1 of it the input's: 0.4 buys 50 output tokens; no token limit, no reserve
+    assert (verdict.output_cap, verdict.reserve) == (50, 0)
+    unpriced = OutputAsk(100, 1000)
+    assert budget_store.gate("root", "model", limits, ask=unpriced).output_cap == 0
+    budget_store.open("unknown", Totals(cost=Decimal("0.5"), unknown_price=True))
+    # a tree with an unpriced spend has no cost limit (it falls back to tokens)
+    assert budget_store.gate("unknown", "model", limits, ask=priced).output_cap == 0
+
+
+def test_a_tree_with_room_to_spare_leaves_the_request_as_configured(
+    budget_store: BudgetStore,
+) -> None:
+    limits = Limits(depth=3, tokens=10 * UNCAPPED_ROOM, cost=None, runs=None, duration=None)
+    budget_store.open("root", Totals())
+
+    assert budget_store.gate("root", "model", limits, ask=OutputAsk(20, None)).output_cap == 0
+    assert budget_store.gate("root", "model", limits, ask=OutputAsk(20, 800)).output_cap == 0
+    free = Limits(depth=3, tokens=None, cost=None, runs=None, duration=None)
+    verdict = budget_store.gate("root", "model", free, ask=OutputAsk(20, 800))
+    assert (verdict.output_cap, verdict.reserve) == (0, 0)
+
+
+def stub_agent(stub: StubProvider, **graph: Any) -> dict[str, Any]:
+    config = scripted_agent([])
+    config["Providers"] = {"a": {"Kind": "openai", "BaseUrl": stub.base_url}}
+    config["Agents"]["demo"]["Model"] = {"provider": "a", "model": "gpt-a", "maxOutputTokens": 800}
+    config["AgentGraph"] = graph
+    config["Pricing"] = {
+        "Models": {"gpt-a": {"InputPerMillion": 0, "OutputPerMillion": 1000}}  # 0.001 a token
+    }
+    return config
+
+
+def run_with_spend_before(runtime: Runtime, spent: Totals) -> Any:
+    """Run the demo agent in a tree that already spent `spent` (its budget opened with it)."""
+    tenant = runtime.tenants.ensure_tenant("acme")
+    run = runtime.runs.create(NewRun(tenant, "demo", {"message": "go"}))
+    runtime.executor.budgets.open(run.id, spent)
+    runtime.executor.execute(run.id)
+    return runtime.runs.get(run.id)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_tree_with_50_tokens_left_asks_the_model_for_at_most_50(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider, stream: bool
+) -> None:
+    limit = 10_000
+    config = stub_agent(stub_provider, MaxTotalTokens=limit)
+    config["Providers"]["a"]["Stream"] = stream
+    runtime = make_runtime(sql_url, **config)
+    tenant = runtime.tenants.ensure_tenant("acme")
+    run = runtime.runs.create(NewRun(tenant, "demo", {"message": "go"}))
+    agent = runtime.settings.agents.get("demo")
+    assert agent is not None
+    own_input = estimate_tokens(initial_messages(agent, run))
+    runtime.executor.budgets.open(run.id, Totals(tokens=limit - 50 - own_input))
+    stub_provider.enqueue(Reply("short", chunks=2, output_tokens=5))
+
+    runtime.executor.execute(run.id)
+
+    request = stub_provider.requests[-1]
+    assert request["max_tokens"] == 50 and bool(request.get("stream")) == stream
+    started = next(e for e in runtime.runs.events(run.id) if e.type == "ModelCallStarted")
+    assert started.data["maxOutputTokens"] == 50
+    finished = runtime.runs.get(run.id)
+    assert finished is not None and finished.status == "Completed"
+
+
+def test_the_cost_left_caps_max_tokens_at_the_links_output_price(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    # 0.05 left of 1.00 at 0.001 an output token (input free): 50 tokens
+    runtime = make_runtime(sql_url, **stub_agent(stub_provider, MaxTotalCost=1.0))
+    stub_provider.enqueue(Reply("short", output_tokens=5))
+
+    run = run_with_spend_before(runtime, Totals(cost=Decimal("0.95")))
+
+    assert run.status == "Completed"
+    assert stub_provider.requests[-1]["max_tokens"] == 50
+
+
+def test_a_tree_with_room_sends_the_agents_own_max_tokens(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    runtime = make_runtime(sql_url, **stub_agent(stub_provider, MaxTotalTokens=1_000_000))
+    stub_provider.enqueue(Reply("short", output_tokens=5))
+
+    run = run_with_spend_before(runtime, Totals())
+
+    assert stub_provider.requests[-1]["max_tokens"] == 800
+    started = next(e for e in runtime.runs.events(run.id) if e.type == "ModelCallStarted")
+    assert "maxOutputTokens" not in started.data

@@ -443,11 +443,11 @@ def test_a_run_claimed_elsewhere_before_its_first_call_makes_no_call_and_reserve
     run_id = submit(runtime)
     gate = runtime.executor._budget_for_model_call
 
-    def claimed_meanwhile(*args: Any) -> int:
-        reserved = gate(*args)
+    def claimed_meanwhile(*args: Any) -> tuple[int, int | None]:
+        reserved, cap = gate(*args)
         assert reserved > 0  # the gate reserved the call's tokens
         assert claim_run(other, run_id, "other") is not None
-        return reserved
+        return reserved, cap
 
     monkeypatch.setattr(runtime.executor, "_budget_for_model_call", claimed_meanwhile)
 

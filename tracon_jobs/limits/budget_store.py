@@ -99,6 +99,43 @@ class Totals:
     executed_ms: int = 0
 
 
+UNCAPPED_ROOM = 4096
+"""The most room left that caps a call asking for no particular output: beyond it the
+request stays as configured (a model's own output ceiling may be lower than the budget's,
+and a `max_tokens` above it is refused by some providers)."""
+
+
+@dataclass(frozen=True)
+class OutputAsk:
+    """What a model call asks its tree's budget for: its input (estimated), the output it
+    wants (None: as the model decides) and the answering link's prices, a token."""
+
+    input_tokens: int
+    output_tokens: int | None
+    input_price: Decimal | None = None  # None: the link's model has no price
+    output_price: Decimal | None = None
+    default_output: int = 256  # reserved for a call that asks for no particular output
+
+    def as_args(self) -> list[int | str]:
+        return [
+            self.input_tokens,
+            self.output_tokens or 0,
+            self.default_output,
+            UNCAPPED_ROOM,
+            _nanos_arg(self.input_price),
+            _nanos_arg(self.output_price),
+        ]
+
+
+def _nanos_arg(price: Decimal | None) -> str:
+    return "-1" if price is None else str(price * NANOS)
+
+
+NO_ASK: list[int | str] = [-1, 0, 0, "-1", "-1"]
+"""The gate's arguments past the fixed reservation when nothing is asked (not a model
+call, or a plain reservation)."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     refused: str  # the limit's setting name, or "" when allowed
@@ -107,6 +144,8 @@ class Verdict:
     cost: Decimal
     children: int
     elapsed_ms: int
+    output_cap: int = 0  # a model call's: the most output tokens it may ask for (0: none)
+    reserve: int = 0  # tokens this gate reserved
 
     @property
     def allowed(self) -> bool:
@@ -122,10 +161,19 @@ class BudgetStore(Protocol):
     def open(self, root: str, seed: Totals) -> bool: ...
 
     def gate(
-        self, root: str, kind: Gate, limits: Limits, reserve: int = 0, seed: Totals | None = None
+        self,
+        root: str,
+        kind: Gate,
+        limits: Limits,
+        reserve: int = 0,
+        seed: Totals | None = None,
+        ask: OutputAsk | None = None,
     ) -> Verdict:
         """Check (and reserve); with `seed`, a budget that does not exist is opened with it
-        first, as `open` would (a fresh tree's first gate: one call for both)."""
+        first, as `open` would (a fresh tree's first gate: one call for both).
+
+        A model call's `ask` reserves its input and output (its output capped at the room
+        the tree has left: `Verdict.output_cap`) instead of `reserve`."""
         ...
 
     def spend(
@@ -149,11 +197,18 @@ class RedisBudgetStore:
         return bool(self.scripts("budget_open", [self.key(root)], _seed_args(seed)))
 
     def gate(
-        self, root: str, kind: Gate, limits: Limits, reserve: int = 0, seed: Totals | None = None
+        self,
+        root: str,
+        kind: Gate,
+        limits: Limits,
+        reserve: int = 0,
+        seed: Totals | None = None,
+        ask: OutputAsk | None = None,
     ) -> Verdict:
-        args = [kind, *limits.as_args(), reserve, *(_seed_args(seed) if seed else [])]
+        asked = [reserve, *NO_ASK] if ask is None else ask.as_args()
+        args = [kind, *limits.as_args(), *asked, *(_seed_args(seed) if seed else [])]
         reply = self.scripts("budget_gate", [self.key(root)], args)
-        refused, tokens, reserved, cost, children, elapsed = reply
+        refused, tokens, reserved, cost, children, elapsed, cap, reserved_now = reply
         text = refused.decode() if isinstance(refused, bytes) else str(refused)
         return Verdict(
             text,
@@ -162,6 +217,8 @@ class RedisBudgetStore:
             Decimal(int(cost)) / NANOS,
             int(children),
             int(elapsed),
+            int(cap),
+            int(reserved_now),
         )
 
     def spend(
@@ -212,7 +269,13 @@ class MemoryBudgetStore:
             return True
 
     def gate(
-        self, root: str, kind: Gate, limits: Limits, reserve: int = 0, seed: Totals | None = None
+        self,
+        root: str,
+        kind: Gate,
+        limits: Limits,
+        reserve: int = 0,
+        seed: Totals | None = None,
+        ask: OutputAsk | None = None,
     ) -> Verdict:
         if seed is not None:
             self.open(root, seed)
@@ -225,17 +288,32 @@ class MemoryBudgetStore:
             refused = _refusal(
                 kind, tree, elapsed, token_limit, cost_limit, duration_limit, run_limit
             )
-            if not refused and kind == "child":
+            if refused:
+                return Verdict(
+                    refused,
+                    tree["tokens"],
+                    tree["reserved"],
+                    Decimal(tree["cost"]) / NANOS,
+                    tree["children"],
+                    elapsed,
+                )
+            if kind == "child":
                 tree["children"] += 1
-            if not refused and kind == "model":
+            cap = 0
+            if kind == "model" and ask is not None:
+                cap, reserve = _output_room(tree, ask, token_limit, cost_limit)
+            reserved_before = tree["reserved"]
+            if kind == "model":
                 tree["reserved"] += reserve
             return Verdict(
-                refused,
+                "",
                 tree["tokens"],
-                tree["reserved"],
+                reserved_before,
                 Decimal(tree["cost"]) / NANOS,
                 tree["children"],
                 elapsed,
+                cap,
+                reserve if kind == "model" else 0,
             )
 
     def exclude_wait(self, root: str, waited_ms: int) -> None:
@@ -255,6 +333,32 @@ class MemoryBudgetStore:
             tree["tokens"] += tokens
             tree["cost"] += int(cost * NANOS)
             tree["unknown"] |= int(unknown_price)
+
+
+def _output_room(
+    tree: dict[str, int], ask: OutputAsk, token_limit: int, cost_limit: int
+) -> tuple[int, int]:
+    """(output cap or 0, tokens to reserve) of a model call the gate let through: what
+    budget_gate.lua computes."""
+    bounded, room = False, 0
+    if token_limit >= 0:
+        bounded, room = True, token_limit - tree["tokens"] - tree["reserved"] - ask.input_tokens
+    out_price = ask.output_price
+    if cost_limit >= 0 and not tree["unknown"] and out_price is not None and out_price > 0:
+        in_nanos = 0 if ask.input_price is None else ask.input_price * NANOS
+        left = cost_limit - tree["cost"] - ask.input_tokens * in_nanos
+        by_cost = int((left / (out_price * NANOS)).to_integral_value(rounding="ROUND_FLOOR"))
+        if not bounded or by_cost < room:
+            bounded, room = True, by_cost
+    room = max(room, 1)
+    wanted = ask.output_tokens or 0
+    out = wanted or ask.default_output
+    if bounded and ((wanted and room < wanted) or (not wanted and room <= UNCAPPED_ROOM)):
+        cap = out = room
+    else:
+        cap = 0
+    reserve = ask.input_tokens + out if token_limit >= 0 else 0
+    return cap, reserve
 
 
 def _refusal(

@@ -24,11 +24,14 @@ from tracon_jobs.limits.budget_store import (
     BudgetStore,
     Gate,
     Limits,
+    OutputAsk,
     Refusal,
     Totals,
+    Verdict,
     refusal_message,
 )
 from tracon_jobs.limits.tenant_quotas import OwnQuota, Quotas, TenantQuota
+from tracon_jobs.pricing import MILLION, Price
 from tracon_jobs.providers.base import Message
 
 log = logging.getLogger(__name__)
@@ -47,15 +50,25 @@ class TreeBudget:
     quota: TenantQuota | None = None  # the tenant's cost quota, checked at the same gates
     seed: Totals | None = None  # a fresh tree's: its first gate opens the budget with it
 
-    def refuse_model_call(
-        self, messages: list[Message], max_output: int | None
-    ) -> tuple[Refusal | None, int]:
-        """(refusal message or None, tokens reserved for this call)."""
-        reserve = estimate_tokens(messages) + (max_output or DEFAULT_OUTPUT_RESERVE)
-        if self.limits.tokens is None:
-            reserve = 0
-        refusal = self._gate("model", reserve)
-        return refusal, 0 if refusal else reserve
+    def gate_model_call(
+        self, messages: list[Message], max_output: int | None, price: Price | None
+    ) -> ModelGate:
+        """Refuse the call, or reserve its tokens and cap its output at the room the tree
+        has left (the tokens under `MaxTotalTokens`; what the cost left under
+        `MaxTotalCost` buys at the link's `price`)."""
+        ask = OutputAsk(
+            estimate_tokens(messages),
+            max_output,
+            None if price is None else price.input_per_million / MILLION,
+            None if price is None else price.output_per_million / MILLION,
+            DEFAULT_OUTPUT_RESERVE,
+        )
+        verdict = self._gate("model", ask=ask)
+        if isinstance(verdict, Refusal):
+            return ModelGate(verdict, 0, None)
+        if verdict is None:  # no store to ask: let it through, uncapped
+            return ModelGate(None, 0, None)
+        return ModelGate(None, verdict.reserve, verdict.output_cap or None)
 
     def reservation(self, tokens: int) -> Reservation:
         """The tokens a gate reserved for one model call, as a context manager: every way
@@ -63,11 +76,11 @@ class TreeBudget:
         return Reservation(self, tokens)
 
     def refuse_tool_call(self) -> Refusal | None:
-        return self._gate("tool")
+        return _refusal(self._gate("tool"))
 
     def refuse_node(self) -> Refusal | None:
         """A workflow function node: `MaxTotalCost` and `MaxDuration` keep it from starting."""
-        return self._gate("node")
+        return _refusal(self._gate("node"))
 
     def refuse_child(self, depth: int) -> Refusal | None:
         if depth > self.limits.depth:
@@ -76,7 +89,7 @@ class TreeBudget:
                 f"a child run at depth {depth} exceeds Tracon:AgentGraph:MaxDepth "
                 f"({self.limits.depth})",
             )
-        return self._gate("child")
+        return _refusal(self._gate("child"))
 
     def spent(self, *, released: int, tokens: int, cost: Decimal, unknown: bool) -> None:
         try:
@@ -93,26 +106,41 @@ class TreeBudget:
         if self.quota is not None and cost > 0:
             self.quota.spent(cost)  # counted at once: the quota's gate has nothing unseen
 
-    def _gate(self, kind: Gate, reserve: int = 0) -> Refusal | None:
+    def _gate(self, kind: Gate, ask: OutputAsk | None = None) -> Verdict | Refusal | None:
         """The tenant's quota first (a refusal leaves no reservation or child behind), then
-        the tree's budget."""
+        the tree's budget: its verdict when it let the work through, None when its store
+        could not be asked."""
         if self.quota is not None:
             refusal = self.quota.refuse()
             if refusal is not None:
                 return refusal
         try:
-            verdict = self.store.gate(self.root, kind, self.limits, reserve, self.seed)
+            verdict = self.store.gate(self.root, kind, self.limits, seed=self.seed, ask=ask)
             self.seed = None
             if verdict.lost:
                 log.warning("budget of tree %s was lost; rebuilding it from SQL", self.root)
                 self.store.open(self.root, seed_totals(self.db, self.root))
-                verdict = self.store.gate(self.root, kind, self.limits, reserve)
+                verdict = self.store.gate(self.root, kind, self.limits, ask=ask)
         except redis.RedisError as exc:
             log.warning("budget store unreachable; %s of tree %s allowed: %s", kind, self.root, exc)
             return None
         if verdict.allowed:
-            return None
+            return verdict
         return Refusal(BUDGET_EXCEEDED, refusal_message(verdict, self.limits, self.currency))
+
+
+def _refusal(verdict: Verdict | Refusal | None) -> Refusal | None:
+    return verdict if isinstance(verdict, Refusal) else None
+
+
+@dataclass(frozen=True)
+class ModelGate:
+    """A model call's way through its tree's budget: refused, or the tokens it reserved
+    and the most output it may ask for (None: as configured)."""
+
+    refusal: Refusal | None
+    reserved: int
+    output_cap: int | None
 
 
 @dataclass

@@ -17,6 +17,7 @@ ledger answers an exact repeat of a completed tool call only on a fallback link.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -43,7 +44,7 @@ from tracon_jobs.errors import (
 from tracon_jobs.limits.budget_store import BudgetStore, Limits
 from tracon_jobs.limits.tenant_quotas import OwnQuota, Quotas
 from tracon_jobs.limits.tree import ChainUnreadable, Reservation, TreeBudget, open_budget
-from tracon_jobs.pricing import price_at
+from tracon_jobs.pricing import price_at, price_before
 from tracon_jobs.providers.base import (
     Message,
     ModelRequest,
@@ -497,16 +498,19 @@ class RunExecutor:
             response_format=binding.response_format,
         )
         try:
-            reserved = self._budget_for_model_call(ex, messages)  # the admission goes with it
+            reserved, cap = self._budget_for_model_call(ex, link, messages)  # with admission
         except RunFailure:
             admission.ticket()  # an open circuit answers first, as when asked before the gate
             raise
+        if cap is not None:  # the tree's budget has less room than the call would ask
+            request = dataclasses.replace(request, max_output_tokens=cap)
         # a call not made (circuit open, run taken away) or failed hands its tokens back
         with ex.tree_budget().reservation(reserved) as reservation:
             ticket = admission.ticket()
-            started = self.runs.append(
-                ex.claim, "ModelCallStarted", {"turn": index, **link.label()}
-            )
+            opened: dict[str, Any] = {"turn": index, **link.label()}
+            if cap is not None:
+                opened["maxOutputTokens"] = cap
+            started = self.runs.append(ex.claim, "ModelCallStarted", opened)
             cache_key, cached = self._cached(ex, link, request)
             if cached is not None:
                 self._record_spend(ex, link, cached, index, reservation, cached=True)
@@ -564,14 +568,17 @@ class RunExecutor:
         found = self.cache.get(ex.run.agent, key)
         return key, None if found is None else response_from_json(found)
 
-    def _budget_for_model_call(self, ex: Execution, messages: list[Message]) -> int:
-        """Refuse the call when the tree is spent; else the tokens reserved for it."""
-        refusal, reserved = ex.tree_budget().refuse_model_call(
-            messages, ex.agent.model.max_output_tokens
-        )
-        if refusal is not None:
+    def _budget_for_model_call(
+        self, ex: Execution, link: Link, messages: list[Message]
+    ) -> tuple[int, int | None]:
+        """Refuse the call when the tree is spent; else (the tokens reserved for it, the
+        most output tokens it may ask for, None when the budget does not cap it)."""
+        price = price_before(self.settings.pricing, link.model)
+        gate = ex.tree_budget().gate_model_call(messages, ex.agent.model.max_output_tokens, price)
+        if gate.refusal is not None:
+            refusal = gate.refusal
             raise RunFailure(RunError(refusal.type, ErrorClass.QUOTA_EXCEEDED, refusal.message))
-        return reserved
+        return gate.reserved, gate.output_cap
 
     def _model_call_failed(
         self, ex: Execution, link: Link, ticket: Ticket, exc: ProviderError
