@@ -28,14 +28,17 @@ BENCHMARKS: tuple[str, ...] = (
     "b1_throughput",
     "b1_throughput@postgresql",
     "b2_inflight",
+    "b2_inflight@stream",
     "b3_coordination",
     "b5_round_trips",
     "b6_streams",
+    "b6_streams@stream",
     "b7_first_token",
 )
 """Run in this order; add a module's name here and `make bench` runs it. `name@postgresql`
 runs it with `--database` on a scratch database of the PostgreSQL server that
-`TRACON_BENCH_POSTGRES` names (default: the local one), skipped when none answers."""
+`TRACON_BENCH_POSTGRES` names (default: the local one), skipped when none answers;
+`name@stream` runs it with `--stream` (streaming model calls)."""
 
 POSTGRES_ADMIN = os.environ.get(
     "TRACON_BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -82,8 +85,10 @@ def run_one(name: str) -> Outcome:
                 print(f"== {name}: no PostgreSQL answers at {POSTGRES_ADMIN}, skipped\n")
                 return Outcome(name, "missing")
             extra = ["--database", database]
+        elif variant == "stream":
+            extra = ["--stream"]
         elif variant:
-            raise SystemExit(f"unknown variant '{variant}' of {base} (known: postgresql)")
+            raise SystemExit(f"unknown variant '{variant}' of {base} (known: postgresql, stream)")
         return run_module(name, module, extra)
 
 

@@ -6,7 +6,13 @@ are timed from the first start to the last end, in one invocation, against one l
 server (`bench/b2_stub.py`) that counts the calls it holds at once. With N slots and a model
 that takes d seconds, the ideal span is runs / N x d; `ratio = tracon / celery` says how much
 of it tracon loses to its own work, and the stub's maximum in flight says whether every
-slot was busy. See bench/README.md for how to read it.
+slot was busy.
+
+With `--stream` the model streams its answer (the same delay, as chunks), tracon's provider
+streams (`Stream: true`: its text is published live, coalesced, as a run's followers get it)
+and the Celery task calls the client with `stream=True` and reads every chunk; the report adds
+the Redis commands, the publishes and the coalesced deltas a streamed run costs. See
+bench/README.md for how to read it.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -40,13 +47,16 @@ from bench.b1_throughput import (
     choose_redis,
     import_baseline,
 )
-from bench.b2_stub import MODEL, SlowModel
-from bench.harness import CLI, STARTUP_TIMEOUT, GroupCpu, run_benchmark
+from bench.b2_stub import MODEL, STREAM_PIECES, SlowModel
+from bench.harness import CLI, STARTUP_TIMEOUT, GroupCpu, command_calls, met, run_benchmark
 from tracon_jobs.cli.supervisor import Child, Supervisor, wait_until
+from tracon_jobs.coordination.live_text import RedisLiveText
 from tracon_jobs.db.models import Run
 
 AGENT = "bench"
 GOAL_RATIO = 1.2
+GOAL_STREAM_RATIO = 1.0
+GOAL_PUBLISHES_PER_DELTA = 1.0
 GOAL_IN_FLIGHT_SHARE = 0.95
 SUBMIT_THREADS = 8
 READY_MARK = " ready."
@@ -62,7 +72,25 @@ class Options:
     redis: str | None
     timeout: float
     tracon_only: bool
+    stream: bool
     keep: bool
+
+    @property
+    def goal_ratio(self) -> float:
+        return GOAL_STREAM_RATIO if self.stream else GOAL_RATIO
+
+
+@dataclass(frozen=True)
+class RedisCost:
+    """What the tracon side cost Redis, all processes: every command the server ran (INFO
+    commandstats, inside scripts too), its PUBLISHes, and what the live text channel
+    carried (a subscriber's count of its messages, and the distinct deltas among them)."""
+
+    commands: int
+    publishes: int
+    text_publishes: int
+    deltas: int
+    withdrawn: int
 
 
 @dataclass(frozen=True)
@@ -77,6 +105,7 @@ class Measurement:
     connections: int | None
     cpu_seconds: float | None
     problem: str = ""
+    redis: RedisCost | None = None
 
     @property
     def complete(self) -> bool:
@@ -101,6 +130,9 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--redis", help="Redis URL, flushed (default: a private server)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
     parser.add_argument("--tracon-only", action="store_true", help="skip the Celery lines")
+    parser.add_argument(
+        "--stream", action="store_true", help="the model streams, and so do both sides"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work dir and its logs")
     args = parser.parse_args(argv)
     if min(args.runs, args.concurrency) < 1 or args.delay < 0:
@@ -124,7 +156,8 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
     children.stop()  # each side gets the machine to itself
     if not options.tracon_only:
         baseline = import_baseline(redis_url)
-        for task in (baseline.chat, baseline.sleep):
+        chat = baseline.chat_stream if options.stream else baseline.chat
+        for task in (chat, baseline.sleep):
             rows.append(measure_celery(options, baseline, task, redis_url, model, children))
             children.stop()
     print_report(options, redis_url, database, model.base_url, rows)
@@ -134,10 +167,12 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
 # -- measure A: tracon ---------------------------------------------------------------------
 
 
-def write_config(workdir: Path, model_url: str, concurrency: int) -> Path:
-    """One agent whose one turn is one call to the slow model through the openai provider."""
+def write_config(workdir: Path, model_url: str, concurrency: int, stream: bool) -> Path:
+    """One agent whose one turn is one call to the slow model through the openai provider
+    (streamed or not, as `stream` says)."""
+    provider = {"Kind": "openai", "BaseUrl": model_url, "ApiKey": "bench", "Stream": stream}
     config = {
-        "Providers": {"slow": {"Kind": "openai", "BaseUrl": model_url, "ApiKey": "bench"}},
+        "Providers": {"slow": provider},
         "Agents": {
             AGENT: {
                 "Instructions": "benchmark agent",
@@ -161,13 +196,14 @@ def measure_tracon(
     model: SlowModel,
     children: Supervisor,
 ) -> Measurement:
-    config = write_config(workdir, model.base_url, options.concurrency)
+    config = write_config(workdir, model.base_url, options.concurrency, options.stream)
     env = child_env(
         TRACON_CONFIG=str(config), TRACON_DATABASE_URL=database, TRACON_REDIS_URL=redis_url
     )
     redis.Redis.from_url(redis_url).flushdb()
     ids = queue_backlog(env, options.runs)
     model.reset()
+    tally = RedisTally(redis_url) if options.stream else None
     worker = children.start("worker", [*CLI, "worker", "-n", "b2@%h"], env)
     cpu = WorkerCpu(worker, children)
     runs = RunSpans(database, queued=len(ids))  # all still Queued: no worker ran before
@@ -175,12 +211,15 @@ def measure_tracon(
         statuses = await_runs(runs, ids, options.timeout, children)
         cpu.stop()
         span = runs.span(ids)
+        cost = tally.stop() if tally is not None else None
     finally:
         runs.close()
+        if tally is not None:
+            tally.close()
     done = statuses["Completed"]
     problem = "" if done == options.runs else f"not all Completed: {_shown(statuses)}"
     return Measurement(
-        "tracon runs (openai)",
+        "tracon runs (openai)" if not options.stream else "tracon runs (streamed)",
         options.runs,
         done,
         span,
@@ -188,7 +227,59 @@ def measure_tracon(
         model.connections,
         cpu.seconds,
         problem,
+        cost,
     )
+
+
+class RedisTally:
+    """From now to `stop`: the commands and PUBLISHes the Redis server ran, and every message
+    on the live text channel (counted by a subscriber of this process)."""
+
+    SETTLE_SECONDS = 0.5  # the runs' last writes after their `ended_at`
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.channel = RedisLiveText(self.client).channel
+        self.lock = threading.Lock()
+        self.text_publishes = 0
+        self.withdrawn = 0
+        self.deltas: set[tuple[str, int, int]] = set()
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(**{self.channel: self._message})
+        self.thread = self.pubsub.run_in_thread(sleep_time=0.05, daemon=True)
+        wait_until(
+            lambda: self._subscribed(), what="text channel subscriber", timeout=STARTUP_TIMEOUT
+        )
+        self.before = command_calls(self.client)
+
+    def _subscribed(self) -> bool:
+        counts = dict(self.client.pubsub_numsub(self.channel))
+        return int(counts.get(self.channel.encode(), 0)) > 0
+
+    def _message(self, message: dict[str, Any]) -> None:
+        data = json.loads(message["data"])
+        with self.lock:
+            self.text_publishes += 1
+            if data.get("x"):
+                self.withdrawn += 1
+            else:
+                self.deltas.add((str(data["r"]), int(data["c"]), int(data["o"])))
+
+    def stop(self) -> RedisCost:
+        time.sleep(self.SETTLE_SECONDS)
+        after = command_calls(self.client)
+        total = sum(after.values()) - sum(self.before.values()) - 1  # less this INFO
+        publishes = after.get("publish", 0) - self.before.get("publish", 0)
+        with self.lock:
+            return RedisCost(
+                total, publishes, self.text_publishes, len(self.deltas), self.withdrawn
+            )
+
+    def close(self) -> None:
+        self.thread.stop()
+        self.thread.join(timeout=5)
+        self.pubsub.close()
+        self.client.close()
 
 
 def queue_backlog(env: dict[str, str], count: int) -> list[str]:
@@ -260,9 +351,10 @@ def measure_celery(
         client.close()
     done = counts["Completed"]
     problem = "" if done == options.runs else f"not all done: {_shown(counts)}"
-    calls = task is baseline.chat
+    calls = task is not baseline.sleep
+    label = "celery + openai stream" if task is baseline.chat_stream else "celery + openai client"
     return Measurement(
-        "celery + openai client" if calls else f"celery sleep {options.delay * 1000:.0f} ms",
+        label if calls else f"celery sleep {options.delay * 1000:.0f} ms",
         options.runs,
         done,
         span,
@@ -349,9 +441,10 @@ def print_report(
     options: Options, redis_url: str, database: str, model_url: str, rows: list[Measurement]
 ) -> None:
     ideal = options.runs / options.concurrency * options.delay
+    streamed = f", streamed as {STREAM_PIECES} chunks" if options.stream else ""
     print(
         f"B2 in flight: a backlog of {options.runs} runs of one {options.delay * 1000:.0f} ms "
-        f"model call, one worker process at concurrency {options.concurrency}"
+        f"model call{streamed}, one worker process at concurrency {options.concurrency}"
     )
     print(f"  database {_safe_url(database)}  ·  redis {redis_url}  ·  model {model_url}\n")
     print(
@@ -371,20 +464,43 @@ def print_report(
     print(f"\n  ideal span = {sizes} = {ideal:.2f} s")
     tracon = rows[0]
     if len(rows) > 1:
-        print(f"  {ratio_line(tracon, rows[1])}")
+        print(f"  {ratio_line(tracon, rows[1], options.goal_ratio)}")
     print(f"  {in_flight_line(tracon, options.concurrency)}")
+    if tracon.redis is not None and tracon.done:
+        for line in stream_lines(tracon.redis, tracon.done):
+            print(f"  {line}")
 
 
-def ratio_line(tracon: Measurement, celery: Measurement) -> str:
+def ratio_line(tracon: Measurement, celery: Measurement, goal: float) -> str:
     ratio = tracon.span / celery.span if celery.span else float("inf")
-    verdict = "met" if ratio <= GOAL_RATIO else "missed"
-    return f"span ratio = tracon / celery = {ratio:.2f}x   (goal <= {GOAL_RATIO:.2f}x: {verdict})"
+    return (
+        f"span ratio = tracon / celery = {ratio:.2f}x   (goal <= {goal:.2f}x: {met(ratio <= goal)})"
+    )
+
+
+def stream_lines(cost: RedisCost, runs: int) -> list[str]:
+    """The Redis cost of a streamed run, and its live text publishes per coalesced delta."""
+    per_delta = cost.text_publishes / cost.deltas if cost.deltas else float("inf")
+    goal = GOAL_PUBLISHES_PER_DELTA
+    lines = [
+        f"Redis commands a streamed run (every process, the worker's start included): "
+        f"{cost.commands / runs:.1f}",
+        f"publishes a streamed run: {cost.publishes / runs:.2f} (every PUBLISH; "
+        f"{cost.text_publishes / runs:.2f} of them on the live text channel)",
+        f"coalesced deltas a streamed run: {cost.deltas / runs:.2f} (distinct deltas on the live "
+        f"text channel; the model sends {STREAM_PIECES} chunks)",
+        f"publishes per coalesced delta {per_delta:.2f} (goal <= {goal:.0f}: "
+        f"{met(per_delta <= goal)})",
+    ]
+    if cost.withdrawn:
+        lines.append(f"withdrawn texts: {cost.withdrawn}")
+    return lines
 
 
 def in_flight_line(tracon: Measurement, concurrency: int) -> str:
     wanted = round(concurrency * GOAL_IN_FLIGHT_SHARE)
     seen = tracon.max_in_flight or 0
-    verdict = "met" if seen >= wanted else "missed"
+    verdict = met(seen >= wanted)
     return f"tracon max in flight = {seen} of {concurrency}   (goal >= {wanted}: {verdict})"
 
 

@@ -1,5 +1,7 @@
 """The model of B2: an OpenAI-compatible chat completions server on 127.0.0.1 that answers
-every request after a fixed delay and counts the requests it holds at once.
+every request after a fixed delay and counts the requests it holds at once. A request with
+`"stream": true` gets its answer as `STREAM_PIECES` chunks spread evenly over the same delay
+(the last one at its end), then a finish chunk, a usage chunk when asked, and `[DONE]`.
 
 It runs on its own asyncio loop in a daemon thread of the benchmark process, so a hundred
 requests waiting cost it a hundred timers, not a hundred threads, and the benchmark's own
@@ -16,6 +18,7 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
 
+from bench.harness import SSE_HEAD, completion_chunk, content_length, sse_data, sse_end
 from tracon_jobs.embedded_redis import free_port
 
 MODEL = "bench-model"
@@ -41,6 +44,19 @@ RESPONSE = (
     + f"Content-Length: {len(COMPLETION)}\r\n\r\n".encode()
     + COMPLETION
 )
+STREAM_PIECES = 10
+PIECES = [f"w{index} " for index in range(STREAM_PIECES)]
+USAGE = {
+    "prompt_tokens": 10,
+    "completion_tokens": STREAM_PIECES,
+    "total_tokens": 10 + STREAM_PIECES,
+}
+CHUNKS = [
+    sse_data(completion_chunk(MODEL, {"role": "assistant", "content": PIECES[0]}, None)),
+    *(sse_data(completion_chunk(MODEL, {"content": piece}, None)) for piece in PIECES[1:]),
+]
+FINISH = sse_data(completion_chunk(MODEL, {}, "stop"))
+USAGE_CHUNK = sse_data({**completion_chunk(MODEL, {}, None), "choices": [], "usage": USAGE})
 LISTEN_BACKLOG = 1024
 MAX_HEADER_BYTES = 65536
 
@@ -113,16 +129,23 @@ class SlowModel:
             writer.close()
 
     async def _answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Read one request, hold it `delay` seconds, answer; False once the client is gone."""
+        """Read one request, hold it `delay` seconds (streamed: send its chunks over them),
+        answer; False once the client is gone."""
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError:
             return False
-        await reader.readexactly(_content_length(head))
+        body = await reader.readexactly(content_length(head))
+        request = json.loads(body or b"{}")
         self.calls += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if request.get("stream"):
+                await self._stream(
+                    writer, bool((request.get("stream_options") or {}).get("include_usage"))
+                )
+                return True
             await asyncio.sleep(self.delay)
         finally:
             self.in_flight -= 1
@@ -130,10 +153,14 @@ class SlowModel:
         await writer.drain()
         return True
 
-
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value.strip())
-    return 0
+    async def _stream(self, writer: asyncio.StreamWriter, usage: bool) -> None:
+        writer.write(SSE_HEAD)
+        await writer.drain()
+        started = self._loop.time()
+        for index, chunk in enumerate(CHUNKS):
+            due = started + self.delay * (index + 1) / len(CHUNKS)
+            await asyncio.sleep(max(0.0, due - self._loop.time()))
+            writer.write(chunk)
+            await writer.drain()
+        writer.write(FINISH + (USAGE_CHUNK if usage else b"") + sse_end())
+        await writer.drain()

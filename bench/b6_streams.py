@@ -13,6 +13,11 @@ their connection and come back with `Last-Event-ID`. Measured in the same run:
 - correctness: every follower received every event of its run, in order, none twice, across
   its reconnect, and every stream ended with the run.
 
+With `--stream` the runs stream: each beat is one model call (`ModelCallStarted`, then
+`--deltas-per-second` pieces of text published live with the worker's own `text_append`,
+then `ModelCallCompleted` with the whole text), the followers get `ModelTextDelta` frames
+too, and their delivery is timed from the send time each piece carries.
+
 See bench/README.md for how to read it.
 """
 
@@ -36,7 +41,7 @@ import httpx
 import redis
 
 from bench.b1_throughput import choose_redis, issue_api_key, tracon_env
-from bench.harness import run_benchmark, start_web
+from bench.harness import STARTUP_TIMEOUT, met, percentile, run_benchmark, start_web
 from tracon_jobs.cli.supervisor import Supervisor
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runtime import Runtime
@@ -45,7 +50,6 @@ from tracon_jobs.settings import load_settings
 GOAL_DELIVERY_P99_MS = 250.0
 GOAL_HEALTHZ_P99_MS = 50.0
 GOAL_RSS_MB = 1024.0
-STARTUP_TIMEOUT = 60.0
 PROBE_EVERY = 0.02
 MAX_RECONNECTS = 5
 
@@ -56,6 +60,8 @@ class Options:
     runs: int
     seconds: float
     events_per_second: float
+    stream: bool
+    deltas_per_second: float
     database: str | None
     redis: str | None
     keep: bool
@@ -69,6 +75,17 @@ class Follower:
     ended: bool = False
     reconnects: int = 0
     problem: str = ""
+    connections: int = 0
+    delta_latencies: list[float] = field(default_factory=list)
+    deltas: int = 0
+    texts: dict[int, str] = field(default_factory=dict)  # call seq -> its text, as received
+    text_connection: dict[int, int] = field(default_factory=dict)  # call seq -> connection
+
+
+SentTimes = dict[tuple[str, int], float]
+"""(run, seq) -> the time just before that event's append."""
+CallTexts = dict[tuple[str, int], str]
+"""(run, call seq) -> the text that call streamed."""
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -77,6 +94,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=20.0, help="how long runs emit events")
     parser.add_argument("--events-per-second", type=float, default=1.0, help="per run")
+    parser.add_argument(
+        "--stream", action="store_true", help="each beat a model call whose text streams"
+    )
+    parser.add_argument(
+        "--deltas-per-second", type=float, default=10.0, help="per run, with --stream"
+    )
     parser.add_argument("--database", help="SQLAlchemy URL (default: a fresh SQLite file)")
     parser.add_argument("--redis", help="Redis URL, flushed (default: a private embedded one)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir and logs")
@@ -86,6 +109,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         args.runs,
         args.seconds,
         args.events_per_second,
+        args.stream,
+        args.deltas_per_second,
         args.database,
         args.redis,
         args.keep,
@@ -113,14 +138,15 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
     memory = MemoryWatch(children.children[0].popen.pid)
     memory.start()
     followers = [Follower(run_ids[i % len(run_ids)]) for i in range(options.followers)]
-    sent: dict[tuple[str, int], float] = {}
+    sent: SentTimes = {}
+    texts: CallTexts = {}
     started = time.monotonic()
-    asyncio.run(follow_all(base, api_key, followers, options, runtime, run_ids, sent))
+    asyncio.run(follow_all(base, api_key, followers, options, runtime, run_ids, sent, texts))
     elapsed = time.monotonic() - started
     memory.stop()
     healthz = stop_probe(probe)
     expected = {run_id: [e.seq for e in runtime.runs.events(run_id)] for run_id in run_ids}
-    return report(options, database, followers, expected, healthz, memory.peak_mb, elapsed)
+    return report(options, database, followers, expected, texts, healthz, memory.peak_mb, elapsed)
 
 
 def write_config(workdir: Path, followers: int) -> Path:
@@ -165,7 +191,8 @@ async def follow_all(
     options: Options,
     runtime: Runtime,
     run_ids: list[str],
-    sent: dict[tuple[str, int], float],
+    sent: SentTimes,
+    texts: CallTexts,
 ) -> None:
     host, port = base.removeprefix("http://").split(":")
     connected = asyncio.Event()
@@ -198,9 +225,12 @@ async def follow_all(
 
     tasks = [asyncio.create_task(one(i, f)) for i, f in enumerate(followers)]
     await asyncio.wait_for(connected.wait(), timeout=STARTUP_TIMEOUT)
-    producer = threading.Thread(
-        target=produce, args=(runtime, run_ids, options, sent), name="producer", daemon=True
+    target, args = (
+        (produce_streams, (runtime, run_ids, options, sent, texts))
+        if options.stream
+        else (produce, (runtime, run_ids, options, sent))
     )
+    producer = threading.Thread(target=target, args=args, name="producer", daemon=True)
     producer.start()
     await asyncio.sleep(options.seconds / 2)
     midway.set()
@@ -235,6 +265,7 @@ async def stream(
         raise ValueError(f"stream refused: {head[:60]!r}")
     if on_open is not None:
         on_open()
+    follower.connections += 1
     buffer = b""
     try:
         while True:
@@ -269,7 +300,7 @@ async def read_line(reader: asyncio.StreamReader, drop_when: asyncio.Event | Non
     return None
 
 
-def take(frame: bytes, follower: Follower, sent: dict[tuple[str, int], float]) -> None:
+def take(frame: bytes, follower: Follower, sent: SentTimes) -> None:
     now = time.time()
     for line in frame.split(b"\n"):
         if line.startswith(b"id: "):
@@ -278,25 +309,35 @@ def take(frame: bytes, follower: Follower, sent: dict[tuple[str, int], float]) -
             at = sent.get((follower.run_id, seq))
             if at is not None:
                 follower.latencies.append(now - at)
+        elif line == b"event: ModelTextDelta":
+            take_delta(frame, follower, now)
+            return
+
+
+def take_delta(frame: bytes, follower: Follower, now: float) -> None:
+    """A live text frame: its text joins the call's (afresh on a new connection, which
+    starts with the text so far), timed by the send time of its newest piece."""
+    data = next(line[6:] for line in frame.split(b"\n") if line.startswith(b"data: "))
+    delta = json.loads(data)["data"]
+    call, text = int(delta["callSeq"]), str(delta["text"])
+    follower.deltas += 1
+    if follower.text_connection.get(call) != follower.connections:
+        follower.text_connection[call] = follower.connections
+        follower.texts[call] = ""
+    follower.texts[call] += text
+    pieces = text.split()
+    if pieces:
+        follower.delta_latencies.append(now - float(pieces[-1].partition("@")[2]))
 
 
 # -- the runs' events, appended as a worker appends them --------------------------------------
 
 
-def produce(
-    runtime: Runtime, run_ids: list[str], options: Options, sent: dict[tuple[str, int], float]
-) -> None:
+def produce(runtime: Runtime, run_ids: list[str], options: Options, sent: SentTimes) -> None:
     """Claim each run, append its events on a steady beat, then finish it. The time each
     event's append starts is recorded under the sequence it will get (this process is the
     run's only writer), so a frame that arrives before `append` returns is timed too."""
-    claims: dict[str, Claim] = {}
-    last: dict[str, int] = {}
-    for run_id in run_ids:
-        claimed = runtime.runs.claim_and_load(run_id, "b6-producer")
-        if claimed is None:
-            raise RuntimeError(f"run {run_id} could not be claimed")
-        claims[run_id], run = claimed
-        last[run_id] = run.event_seq
+    claims, last = claim_all(runtime, run_ids)
     rounds = max(1, int(options.seconds * options.events_per_second))
     interval = 1.0 / options.events_per_second
     start = time.monotonic()
@@ -311,10 +352,76 @@ def produce(
             event = runtime.runs.append(claims[run_id], "ModelCallCompleted", {"text": "x"})
             if event.seq != last[run_id]:
                 raise RuntimeError(f"run {run_id}: seq {event.seq}, {last[run_id]} expected")
+    finish_all(runtime, claims, last, sent)
+
+
+def produce_streams(
+    runtime: Runtime, run_ids: list[str], options: Options, sent: SentTimes, texts: CallTexts
+) -> None:
+    """As `produce`, each beat of a run one model call whose text streams: its
+    `ModelCallStarted`, `--deltas-per-second` pieces published as the worker publishes them
+    (`LiveText.append`: the `text_append` script), then its `ModelCallCompleted` with the
+    whole text, the turn text forgotten. Each piece is `<index>@<time.time() just before its
+    append> `, so a follower times every delta frame by the newest piece in it."""
+    claims, last = claim_all(runtime, run_ids)
+    rounds = max(1, int(options.seconds * options.events_per_second))
+    interval = 1.0 / options.events_per_second
+    pieces = max(1, round(options.deltas_per_second * interval))
+    steps = pieces + 2  # started, the pieces, completed: evenly over the beat
+    start = time.monotonic()
+    schedule = sorted(
+        (start + (round_ + index / len(run_ids) + step / steps) * interval, index, step)
+        for round_ in range(rounds)
+        for index in range(len(run_ids))
+        for step in range(steps)
+    )
+    calls: dict[str, int] = {}
+    for due, index, step in schedule:
+        pause = due - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        run_id = run_ids[index]
+        if step == 0 or step == steps - 1:
+            last[run_id] += 1
+            sent[(run_id, last[run_id])] = time.time()
+            if step == 0:
+                opened = {"turn": last[run_id], "provider": "model", "model": "bench-model"}
+                event = runtime.runs.append(claims[run_id], "ModelCallStarted", opened)
+                calls[run_id] = event.seq
+                texts[(run_id, event.seq)] = ""
+            else:
+                text = texts[(run_id, calls[run_id])]
+                event = runtime.runs.append(claims[run_id], "ModelCallCompleted", {"text": text})
+                runtime.live_text.forget(run_id, calls[run_id])
+            if event.seq != last[run_id]:
+                raise RuntimeError(f"run {run_id}: seq {event.seq}, {last[run_id]} expected")
+            continue
+        piece = f"{step}@{time.time():.6f} "
+        runtime.live_text.append(run_id, calls[run_id], piece)
+        texts[(run_id, calls[run_id])] += piece
+    finish_all(runtime, claims, last, sent)
+
+
+def claim_all(runtime: Runtime, run_ids: list[str]) -> tuple[dict[str, Claim], dict[str, int]]:
+    """Every run claimed by this process: the claims, and each run's last seq."""
+    claims: dict[str, Claim] = {}
+    last: dict[str, int] = {}
     for run_id in run_ids:
+        claimed = runtime.runs.claim_and_load(run_id, "b6-producer")
+        if claimed is None:
+            raise RuntimeError(f"run {run_id} could not be claimed")
+        claims[run_id], run = claimed
+        last[run_id] = run.event_seq
+    return claims, last
+
+
+def finish_all(
+    runtime: Runtime, claims: dict[str, Claim], last: dict[str, int], sent: SentTimes
+) -> None:
+    for run_id, claim in claims.items():
         last[run_id] += 1
         sent[(run_id, last[run_id])] = time.time()
-        runtime.runs.finish(claims[run_id], RunStatus.COMPLETED, output={"text": "ok"})
+        runtime.runs.finish(claim, RunStatus.COMPLETED, output={"text": "ok"})
 
 
 # -- the web node while it streams -------------------------------------------------------------
@@ -399,23 +506,18 @@ def rss_kb(pid: int) -> int:
 # -- report ------------------------------------------------------------------------------------
 
 
-def percentile(values: list[float], share: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
 def report(
     options: Options,
     database: str,
     followers: list[Follower],
     expected: dict[str, list[int]],
+    texts: CallTexts,
     healthz: list[float],
     peak_mb: float,
     elapsed: float,
 ) -> int:
     wrong = [f for f in followers if f.problem or not f.ended or f.seqs != expected[f.run_id]]
+    wrong_text = [f for f in followers if not text_in_order(f, texts)]
     latencies = [1000 * value for f in followers for value in f.latencies]
     answered = [value for value in healthz if value >= 0]
     delivery_p99 = percentile(latencies, 0.99)
@@ -430,6 +532,7 @@ def report(
         f"{delivery_p99:7.1f} ms   max {max(latencies, default=0):7.1f} ms   "
         f"(goal p99 < {GOAL_DELIVERY_P99_MS:.0f} ms: {met(delivery_p99 < GOAL_DELIVERY_P99_MS)})"
     )
+    delta_p99 = text_lines(followers, texts) if options.stream else float("nan")
     print(
         f"  /healthz           p50 {percentile(answered, 0.5):7.1f} ms   p99 "
         f"{healthz_p99:7.1f} ms   {len(answered)} answers, {len(healthz) - len(answered)} not 200"
@@ -443,6 +546,21 @@ def report(
         f"  every event to every follower, in order, across resumes: "
         f"{'yes' if not wrong else f'NO, {len(wrong)} followers'}"
     )
+    if options.stream:
+        whole = sum(
+            f.texts.get(call) == text
+            for f in followers
+            for (run, call), text in texts.items()
+            if run == f.run_id
+        )
+        calls = sum(1 for f in followers for run, _ in texts if run == f.run_id)
+        print(
+            f"  every delta in order, none twice (a call's text always a prefix of its answer): "
+            f"{'yes' if not wrong_text else f'NO, {len(wrong_text)} followers'}; "
+            f"calls whose whole text came as deltas: {whole} of {calls}"
+        )
+    for follower in wrong_text[:5]:
+        print(f"    FAILED text of run {follower.run_id}: {follower.texts}", file=sys.stderr)
     for follower in wrong[:5]:
         want = expected[follower.run_id]
         print(
@@ -450,15 +568,39 @@ def report(
             f"ended={follower.ended} {follower.problem}",
             file=sys.stderr,
         )
+    deltas = f" delta_p99_ms={delta_p99:.1f}" if options.stream else ""
+    ok = not wrong and not wrong_text
     print(
-        f"SUMMARY B6 delivery_p99_ms={delivery_p99:.1f} healthz_p99_ms={healthz_p99:.1f} "
-        f"rss_mb={peak_mb:.0f} ok={not wrong}"
+        f"SUMMARY B6 delivery_p99_ms={delivery_p99:.1f}{deltas} healthz_p99_ms={healthz_p99:.1f} "
+        f"rss_mb={peak_mb:.0f} ok={ok}"
     )
-    return 0 if not wrong and len(answered) == len(healthz) else 1
+    return 0 if ok and len(answered) == len(healthz) else 1
 
 
-def met(ok: bool) -> str:
-    return "met" if ok else "missed"
+def text_lines(followers: list[Follower], texts: CallTexts) -> float:
+    """Print the live text's delivery; its p99 in ms."""
+    latencies = [1000 * value for f in followers for value in f.delta_latencies]
+    p99 = percentile(latencies, 0.99)
+    frames = sum(f.deltas for f in followers)
+    pieces = sum(len(text.split()) for text in texts.values())
+    print(
+        f"  text deltas        {frames} frames to the followers; {pieces} pieces published, "
+        f"{len(texts)} calls"
+    )
+    print(
+        f"  delta delivery     p50 {percentile(latencies, 0.5):7.1f} ms   p99 "
+        f"{p99:7.1f} ms   max {max(latencies, default=0):7.1f} ms   "
+        f"(goal p99 < {GOAL_DELIVERY_P99_MS:.0f} ms: {met(p99 < GOAL_DELIVERY_P99_MS)})"
+    )
+    return p99
+
+
+def text_in_order(follower: Follower, texts: CallTexts) -> bool:
+    """Each call's text as the follower joined it is a prefix of what the call streamed."""
+    return all(
+        texts.get((follower.run_id, call), "").startswith(text)
+        for call, text in follower.texts.items()
+    )
 
 
 if __name__ == "__main__":

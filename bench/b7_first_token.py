@@ -35,7 +35,21 @@ import redis
 from openai import OpenAI
 
 from bench.b1_throughput import child_env, choose_redis, issue_api_key
-from bench.harness import CLI, STARTUP_TIMEOUT, run_benchmark, start_web
+from bench.harness import (
+    CLI,
+    SSE_HEAD,
+    STARTUP_TIMEOUT,
+    commands,
+    completion_chunk,
+    content_length,
+    met,
+    percentile,
+    run_benchmark,
+    sse_data,
+    sse_end,
+    start_server,
+    start_web,
+)
 from tracon_jobs.cli.supervisor import Supervisor, wait_until
 from tracon_jobs.embedded_redis import free_port
 
@@ -109,7 +123,7 @@ async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                 head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError:
                 return
-            body = await reader.readexactly(_content_length(head))
+            body = await reader.readexactly(content_length(head))
             await _answer(head, body, writer)
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
         pass
@@ -133,10 +147,7 @@ async def _answer(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> Non
         )
         await writer.drain()
         return
-    writer.write(
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-        b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
-    )
+    writer.write(SSE_HEAD)
     await writer.drain()
     started = time.monotonic()
     for index, piece in enumerate(PIECES):
@@ -148,28 +159,17 @@ async def _answer(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> Non
     options = request.get("stream_options") or {}
     if options.get("include_usage"):
         await _send(writer, {**_chunk({}, None), "choices": [], "usage": _usage()})
-    writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    writer.write(sse_end())
     await writer.drain()
 
 
 async def _send(writer: asyncio.StreamWriter, chunk: dict[str, object]) -> None:
-    writer.write(_chunked(f"data: {json.dumps(chunk)}\n\n".encode()))
+    writer.write(sse_data(chunk))
     await writer.drain()
 
 
-def _chunked(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
-
-
 def _chunk(delta: dict[str, str], finish: str | None) -> dict[str, object]:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    return {
-        "id": "chatcmpl-b7",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": MODEL,
-        "choices": [choice],
-    }
+    return completion_chunk(MODEL, delta, finish, ident="chatcmpl-b7")
 
 
 def _completion() -> dict[str, object]:
@@ -188,33 +188,11 @@ def _usage() -> dict[str, int]:
     return {"prompt_tokens": 10, "completion_tokens": len(PIECES), "total_tokens": 10 + len(PIECES)}
 
 
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value.strip())
-    return 0
-
-
 def start_model(children: Supervisor, env: dict[str, str]) -> str:
     port = free_port()
     code = f"from bench.b7_first_token import serve_model; serve_model({port})"
-    children.start("model", [sys.executable, "-c", code], env)
-    wait_until(
-        lambda: _listening(port),
-        what="model server",
-        timeout=STARTUP_TIMEOUT,
-        watch=children.running(),
-    )
+    start_server(children, "model", [sys.executable, "-c", code], env, port)
     return f"http://127.0.0.1:{port}/v1"
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 # -- the clients -------------------------------------------------------------------------------
@@ -340,20 +318,7 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
     return report(options, direct_streams, tracon_streams, redis_commands)
 
 
-def commands(client: redis.Redis) -> int:
-    """Every command the server ran so far (INFO commandstats), this INFO included."""
-    stats = client.info("commandstats")
-    return sum(int(entry["calls"]) for entry in stats.values())
-
-
 # -- report ------------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], share: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def report(
@@ -416,10 +381,6 @@ def report(
         f"overhead_p50_ms={overhead_p50:.1f} overhead_p99_ms={overhead_p99:.1f} ok={not wrong}"
     )
     return 0 if not wrong else 1
-
-
-def met(ok: bool) -> str:
-    return "met" if ok else "missed"
 
 
 if __name__ == "__main__":

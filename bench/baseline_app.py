@@ -6,7 +6,8 @@ sent events) so that the ratio measures tracon's own work per run, not a Celery 
 - `bench.noop` (B1) INCRs a Redis counter: the only way the benchmark can see it finish.
 - `bench.chat` (B2) makes one chat completion with the official `openai` client, one client
   shared by the pool's threads, and `bench.sleep` (B2's reference) sleeps as long as the
-  model takes. Each pushes its start and end times (this host's clock) and counts itself
+  model takes; `bench.chat_stream` (B2 `--stream`) makes the same call with `stream=True`
+  and reads every chunk. Each pushes its start and end times (this host's clock) and counts itself
   done or failed, so the benchmark can take the span from the first start to the last end.
 """
 
@@ -28,6 +29,7 @@ QUEUE = "bench.noop"
 TASK = "bench.noop"
 COUNTER_KEY = "bench:noop:done"
 CHAT_QUEUE = CHAT_TASK = "bench.chat"
+CHAT_STREAM_QUEUE = CHAT_STREAM_TASK = "bench.chat_stream"
 SLEEP_QUEUE = SLEEP_TASK = "bench.sleep"
 SPANS_KEY = "bench:spans"  # "start end" per finished task, seconds since the epoch
 DONE_KEY = "bench:done"
@@ -93,6 +95,19 @@ def timed(work: Callable[[], object]) -> None:
 def chat(message: str) -> None:
     messages = [{"role": "user", "content": message}]
     timed(lambda: openai_client().chat.completions.create(model="bench-model", messages=messages))
+
+
+@app.task(name=CHAT_STREAM_TASK, ignore_result=True, queue=CHAT_STREAM_QUEUE)
+def chat_stream(message: str) -> None:
+    messages = [{"role": "user", "content": message}]
+
+    def read_all() -> str:
+        chunks = openai_client().chat.completions.create(
+            model="bench-model", messages=messages, stream=True
+        )
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    timed(read_all)
 
 
 @app.task(name=SLEEP_TASK, ignore_result=True, queue=SLEEP_QUEUE)

@@ -1,11 +1,13 @@
 """What the benchmarks share: a work directory (kept, with the children's logs, when a run
-fails or `--keep` asks), child processes that are always stopped, and a web node started
-and waited for."""
+fails or `--keep` asks), child processes that are always stopped, a web node or a server
+started and waited for, the HTTP bits the local models speak, and the report's helpers."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -77,6 +79,27 @@ def start_web(children: Supervisor, env: dict[str, str], *, workers: int, thread
     return base_url
 
 
+def start_server(
+    children: Supervisor, name: str, argv: list[str], env: dict[str, str], port: int
+) -> None:
+    """Start child `name`, then wait until it accepts connections on 127.0.0.1:`port`."""
+    children.start(name, argv, env)
+    wait_until(
+        lambda: listening(port),
+        what=name,
+        timeout=STARTUP_TIMEOUT,
+        watch=children.running(),
+    )
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
 def healthy(base_url: str) -> bool:
     try:
         return httpx.get(f"{base_url}/healthz", timeout=1.0).status_code == 200
@@ -114,3 +137,73 @@ class GroupCpu:
             ended, started = group_cpu_seconds(pgid), self.started[name]
             if ended is not None and started is not None:
                 self.seconds[name] = ended - started
+
+
+# -- what the local OpenAI-compatible models speak ---------------------------------------------
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+"""The head of a streamed answer: chunked, so the connection stays open for the next one."""
+
+
+def content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return 0
+
+
+def chunked(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def sse_end() -> bytes:
+    """`data: [DONE]`, then the last chunk of the body."""
+    return chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+
+
+def sse_data(payload: dict[str, object]) -> bytes:
+    """One `data:` event of a streamed answer, as one HTTP chunk."""
+    return chunked(f"data: {json.dumps(payload)}\n\n".encode())
+
+
+def completion_chunk(
+    model: str, delta: dict[str, str], finish: str | None, *, ident: str = "chatcmpl-bench"
+) -> dict[str, object]:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {
+        "id": ident,
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": model,
+        "choices": [choice],
+    }
+
+
+def command_calls(client: redis.Redis) -> dict[str, int]:
+    """How often the server ran each command so far (INFO commandstats: `publish`, `evalsha`,
+    ...), commands run inside scripts included, this INFO too."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
+
+
+def commands(client: redis.Redis) -> int:
+    """Every command the server ran so far (INFO commandstats), this INFO included."""
+    return sum(command_calls(client).values())
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], share: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "missed"
