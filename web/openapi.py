@@ -19,6 +19,7 @@ from flask import Blueprint, Response, jsonify
 import tracon_jobs
 from tracon_jobs.settings import Settings
 from web.extensions import runtime
+from web.openai_shapes import WITHDRAWN_CODE
 from web.runs import TREE_NODE_KEYS
 
 bp = Blueprint("openapi", __name__)
@@ -571,22 +572,199 @@ def _body(schema: dict[str, Any]) -> dict[str, Any]:
 
 # -- operations -----------------------------------------------------------------------
 
-SSE_EVENT: dict[str, Any] = {
+LIVE_TEXT_EVENTS = ["ModelTextDelta", "ModelTextReset"]
+
+
+def _json_text(schema: dict[str, Any]) -> dict[str, Any]:
+    """A string that holds JSON of `schema` (an SSE frame's `data`)."""
+    return {"type": "string", "contentMediaType": "application/json", "contentSchema": schema}
+
+
+CALL_SEQ = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "the seq of the model call's ModelCallStarted event",
+}
+MODEL_TEXT_DELTA: dict[str, Any] = {
     "type": "object",
-    "description": "one server-sent event: `id: <seq>`, `event: <type>`, `data: <event JSON>`",
+    "description": "text the open model call wrote, following what this stream sent of it;"
+    " joined, a call's deltas are the text of its ModelCallCompleted",
+    "required": ["type", "data"],
+    "properties": {
+        "type": {"const": "ModelTextDelta"},
+        "data": {
+            "type": "object",
+            "required": ["callSeq", "text"],
+            "properties": {"callSeq": CALL_SEQ, "text": {"type": "string", "minLength": 1}},
+        },
+    },
+}
+MODEL_TEXT_RESET: dict[str, Any] = {
+    "type": "object",
+    "description": "the text this stream sent of the call is withdrawn (the call ended without"
+    " completing: it failed, or its worker was lost)",
+    "required": ["type", "data"],
+    "properties": {
+        "type": {"const": "ModelTextReset"},
+        "data": {"type": "object", "required": ["callSeq"], "properties": {"callSeq": CALL_SEQ}},
+    },
+}
+EVENT_FRAME: dict[str, Any] = {
+    "type": "object",
+    "description": "a stored event: `id: <seq>` (what Last-Event-ID names), `event: <type>`,"
+    " `data: <event JSON>`",
     "required": ["id", "event", "data"],
     "properties": {
         "id": {"type": "string", "pattern": "^[0-9]+$"},
-        "event": {"type": "string", "pattern": "^[A-Z][A-Za-z]+$"},
-        "data": {"type": "string", "contentMediaType": "application/json"},
+        "event": {
+            "type": "string",
+            "pattern": "^[A-Z][A-Za-z]+$",
+            "not": {"enum": LIVE_TEXT_EVENTS},
+        },
+        "data": _json_text(_schema("Event")),
+    },
+}
+LIVE_TEXT_FRAME: dict[str, Any] = {
+    "type": "object",
+    "description": "the open model call's text as it streams, or its withdrawal: `event:"
+    " ModelTextDelta` or `event: ModelTextReset` and `data:` its JSON, sent with no `id` line,"
+    " so Last-Event-ID counts stored events only",
+    "required": ["event", "data"],
+    "properties": {
+        "id": {
+            "type": "string",
+            "pattern": "^[0-9]+$",
+            "description": "never sent: a client keeps the last stored event's (the SSE rules)",
+        },
+        "event": {"enum": LIVE_TEXT_EVENTS},
+        "data": _json_text({"oneOf": [_schema("ModelTextDelta"), _schema("ModelTextReset")]}),
+    },
+}
+SSE_EVENT: dict[str, Any] = {
+    "description": "one server-sent event: a stored event (with `id`), or, between a model"
+    " call's ModelCallStarted and its end, a live text frame (without)",
+    "oneOf": [_schema("EventFrame"), _schema("LiveTextFrame")],
+}
+RESPONSE_EVENTS = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+    "response.failed",
+]
+CHAT_CHUNK: dict[str, Any] = {
+    "type": "object",
+    "description": "OpenAI's `chat.completion.chunk`: the role first, then each piece of the"
+    " answer's text as the model writes it in `delta.content` (a blank line between model"
+    " turns), then `finish_reason: stop`, and with `stream_options.include_usage` a last chunk"
+    " with no choices and `usage`",
+    "required": ["id", "object", "created", "model", "choices"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "chat.completion.chunk"},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "choices": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "delta", "finish_reason"],
+                "properties": {
+                    "index": {"const": 0},
+                    "delta": {
+                        "type": "object",
+                        "properties": {
+                            "role": {"const": "assistant"},
+                            "content": {"type": "string"},
+                        },
+                    },
+                    "finish_reason": {"enum": ["stop", None]},
+                },
+            },
+        },
+        "usage": {"type": "object"},
+    },
+}
+STREAM_TEXT_WITHDRAWN: dict[str, Any] = {
+    "type": "object",
+    "description": "the end of a chat completions stream whose text was withdrawn (the model"
+    " call that wrote it failed): OpenAI's error object naming the run, then `data: [DONE]`;"
+    " the run goes on, its answer is at /api/runs/{id}",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"const": "server_error"},
+                "code": {"const": WITHDRAWN_CODE},
+            },
+        }
+    },
+}
+RESPONSE_STREAM_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "a typed Responses stream event: `response.output_text.delta` for each piece"
+    " of text as the model writes it, and at the end `response.completed` or `response.failed`"
+    f" (a failed or canceled run, or withdrawn text: `response.error.code` is `{WITHDRAWN_CODE}`)",
+    "required": ["type", "sequence_number"],
+    "properties": {
+        "type": {"enum": RESPONSE_EVENTS},
+        "sequence_number": {"type": "integer", "minimum": 0},
+        "delta": {"type": "string", "description": "response.output_text.delta: the piece"},
+        "response": {
+            "type": "object",
+            "required": ["id", "object", "status"],
+            "properties": {
+                "id": {"type": "string"},
+                "object": {"const": "response"},
+                "status": {"enum": ["in_progress", "completed", "failed", "cancelled"]},
+                "error": {
+                    "type": ["object", "null"],
+                    "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                },
+            },
+        },
     },
 }
 OPENAI_SSE_EVENT: dict[str, Any] = {
     "type": "object",
-    "description": "one server-sent event: `data:` a chunk (chat completions) or a typed"
-    " `response.*` event (responses) as JSON, and last `data: [DONE]`",
+    "description": "one server-sent event. Chat completions: `data:` a chunk (ChatCompletionChunk)"
+    " for each piece of text as the model writes it, and last `data: [DONE]`; text already sent"
+    f" that is withdrawn ends the stream with `data:` an error object (`code: {WITHDRAWN_CODE}`,"
+    " StreamTextWithdrawn), and a failed run with its error object, each then `[DONE]`."
+    " Responses: `event:` the type and `data:` the typed event (ResponseStreamEvent),"
+    " `response.output_text.delta` as the model writes, ending with `response.completed` or"
+    " `response.failed`",
     "required": ["data"],
-    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    "properties": {
+        "event": {
+            "enum": ["message", *RESPONSE_EVENTS],
+            "description": "responses: the event's type; chat completions send none (`message`"
+            " by the SSE rules)",
+        },
+        "data": {
+            "anyOf": [
+                {"const": "[DONE]", "description": "chat completions' last frame"},
+                _json_text(
+                    {
+                        "anyOf": [
+                            _schema("ChatCompletionChunk"),
+                            _schema("StreamTextWithdrawn"),
+                            _schema("OpenAIError"),
+                            _schema("ResponseStreamEvent"),
+                        ]
+                    }
+                ),
+            ]
+        },
+    },
 }
 SSE = {"text/event-stream": {"schema": SSE_EVENT}}
 OPENAI_SSE = {"text/event-stream": {"schema": OPENAI_SSE_EVENT}}
@@ -680,7 +858,8 @@ def run_paths(key: dict[str, Any]) -> dict[str, Any]:
                 "The run's events in order; Accept: text/event-stream follows live",
                 {
                     "200": {
-                        "description": "the events after Last-Event-ID (or ?after)",
+                        "description": "the events after Last-Event-ID (or ?after); as SSE, also"
+                        " the text of a model call as it streams (LiveTextFrame)",
                         "content": {
                             "application/json": {
                                 "schema": _items(_schema("Event"), "")["content"][
@@ -1015,6 +1194,10 @@ def document(settings: Settings) -> dict[str, Any]:
             "schemas": {
                 "Run": RUN_SCHEMA,
                 "Event": EVENT_SCHEMA,
+                "EventFrame": EVENT_FRAME,
+                "LiveTextFrame": LIVE_TEXT_FRAME,
+                "ModelTextDelta": MODEL_TEXT_DELTA,
+                "ModelTextReset": MODEL_TEXT_RESET,
                 "Accepted": ACCEPTED_SCHEMA,
                 "Approval": APPROVAL_SCHEMA,
                 "Decision": DECISION_SCHEMA,
@@ -1028,6 +1211,9 @@ def document(settings: Settings) -> dict[str, Any]:
                 "ResponsesRequest": RESPONSES_REQUEST,
                 "OpenAIObject": OPENAI_OBJECT,
                 "Model": MODEL_SCHEMA,
+                "ChatCompletionChunk": CHAT_CHUNK,
+                "StreamTextWithdrawn": STREAM_TEXT_WITHDRAWN,
+                "ResponseStreamEvent": RESPONSE_STREAM_EVENT,
                 "Problem": PROBLEM_SCHEMA,
                 "OpenAIError": OPENAI_ERROR_SCHEMA,
             },

@@ -2,11 +2,14 @@
 serves (a new route cannot go undocumented), with the errors the framework itself answers:
 404 for no route, 405 with `Allow`, 413 over `Web.MaxRequestBytes`, problem+json on `/api`
 and OpenAI's error shape on `/v1`. What the operations accept and answer is held to the
-description by schemathesis in test_fuzz.py."""
+description by schemathesis in test_fuzz.py; the frames of the event streams (stored events,
+the live text of a model call, and the `/v1` chunks and typed events) are held to it here."""
 
 from __future__ import annotations
 
+import json
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import jsonschema_rs
@@ -19,8 +22,13 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31
 from werkzeug.test import TestResponse
 
 from tests.helpers import MakeRuntime, hold_queued, scripted_agent
+from tracon_jobs.db.models import Run
+from tracon_jobs.runs.store import Event
 from web import create_app
 from web.inputs import PATH_FIELDS
+from web.live_turn import LiveDelta, LiveReset
+from web.openai_compat import ChatFrames, ResponseFrames
+from web.sse import frame, live_frame
 
 MAX_REQUEST_BYTES = 1024
 METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
@@ -165,3 +173,146 @@ def test_a_body_over_web_max_request_bytes_is_413(client: FlaskClient, key: str,
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
     )
     assert_error(response, path, 413)
+
+
+def fits(spec: dict[str, Any], schema: dict[str, Any], instance: Any) -> list[str]:
+    """What keeps `instance` from `schema`; a frame's `data` is held to the `contentSchema`
+    of the branch the frame fits too (a JSON Schema validator takes that for a note)."""
+    errors = _errors(spec, schema, instance)
+    if errors or not isinstance(instance, dict) or instance.get("data") == "[DONE]":
+        return errors
+    for branch in _branches(spec, schema):
+        if _errors(spec, branch, instance):
+            continue
+        data = branch.get("properties", {}).get("data", {})
+        for option in [data, *data.get("anyOf", [])]:
+            if "contentSchema" in option:
+                errors += fits(spec, option["contentSchema"], json.loads(instance["data"]))
+    return errors
+
+
+def _errors(spec: dict[str, Any], schema: dict[str, Any], instance: Any) -> list[str]:
+    root = {**schema, "components": spec["components"]}
+    return [e.message for e in jsonschema_rs.validator_for(root).iter_errors(instance)]
+
+
+def _branches(spec: dict[str, Any], schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """`schema`, or each branch of its `oneOf`, with refs followed."""
+    if "$ref" in schema:
+        return _branches(spec, spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]])
+    if "oneOf" in schema:
+        return [branch for option in schema["oneOf"] for branch in _branches(spec, option)]
+    return [schema]
+
+
+def sse_frames(text: str) -> list[dict[str, str]]:
+    """Server-sent events as a client reads them: `event` is `message` when not sent, `id`
+    the last one sent, comments (keep-alives) left out."""
+    frames = []
+    last_id: str | None = None
+    for block in text.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in block.splitlines() if not line.startswith(":")
+        )
+        if not fields:
+            continue
+        last_id = fields.get("id", last_id)
+        frames.append({"event": "message", **fields, **({"id": last_id} if last_id else {})})
+    return frames
+
+
+def stream_schema(spec: dict[str, Any], path: str) -> dict[str, Any]:
+    schema: dict[str, Any] = spec["paths"][path]["post"]["responses"]["200"]["content"][
+        "text/event-stream"
+    ]["schema"]
+    return schema
+
+
+def test_the_native_stream_describes_stored_events_and_live_text_frames(
+    spec: dict[str, Any],
+) -> None:
+    schemas = spec["components"]["schemas"]
+    for path, method in [("/api/agents/{name}/run", "post"), ("/api/runs/{id}/events", "get")]:
+        described = spec["paths"][path][method]["responses"]["200"]["content"]
+        assert described["text/event-stream"]["schema"]["oneOf"] == [
+            {"$ref": "#/components/schemas/EventFrame"},
+            {"$ref": "#/components/schemas/LiveTextFrame"},
+        ], path
+    assert "id" in schemas["EventFrame"]["required"]
+    assert "id" not in schemas["LiveTextFrame"]["required"]
+    assert schemas["LiveTextFrame"]["properties"]["event"]["enum"] == [
+        "ModelTextDelta",
+        "ModelTextReset",
+    ]
+    assert schemas["ModelTextDelta"]["properties"]["data"]["required"] == ["callSeq", "text"]
+    assert schemas["ModelTextReset"]["properties"]["data"]["required"] == ["callSeq"]
+
+
+def test_the_frames_the_native_stream_sends_fit_the_description(spec: dict[str, Any]) -> None:
+    sse = stream_schema(spec, "/api/agents/{name}/run")
+    started = Event("r", 7, "ModelCallStarted", datetime(2026, 1, 2, 3, 4, 5), {"model": "m"})
+    live = live_frame(LiveDelta(7, "The order ship")) + live_frame(LiveReset(7))
+    assert "id:" not in live
+    stored, delta, reset = sse_frames(frame(started) + live)
+    assert (stored["id"], stored["event"], delta["event"]) == (
+        "7",
+        "ModelCallStarted",
+        "ModelTextDelta",
+    )
+    assert json.loads(delta["data"]) == {
+        "type": "ModelTextDelta",
+        "data": {"callSeq": 7, "text": "The order ship"},
+    }
+    assert json.loads(reset["data"]) == {"type": "ModelTextReset", "data": {"callSeq": 7}}
+    for sent in (stored, delta, reset):
+        assert fits(spec, sse, sent) == [], sent
+    assert fits(spec, sse, {k: v for k, v in stored.items() if k != "id"}), "no id fits"
+    assert fits(spec, sse, {**stored, "event": "ModelTextDelta"}), "an event as live text fits"
+    assert fits(spec, sse, {**delta, "data": json.dumps({"type": "ModelTextDelta"})})
+
+
+def stream_run() -> Run:
+    return Run(
+        id="r1",
+        status="Running",
+        created_at=datetime.now(UTC).replace(tzinfo=None),
+        input_tokens=0,
+        output_tokens=0,
+        output=None,
+    )
+
+
+def test_v1_streams_describe_text_deltas_and_withdrawn_text(spec: dict[str, Any]) -> None:
+    schemas = spec["components"]["schemas"]
+    assert schemas["ChatCompletionChunk"]["properties"]["object"] == {
+        "const": "chat.completion.chunk"
+    }
+    withdrawn = schemas["StreamTextWithdrawn"]["properties"]["error"]["properties"]["code"]
+    assert withdrawn == {"const": "stream_text_withdrawn"}
+    events = schemas["ResponseStreamEvent"]["properties"]["type"]["enum"]
+    assert {"response.output_text.delta", "response.failed", "response.completed"} <= set(events)
+    for path in ("/v1/chat/completions", "/v1/responses"):
+        description = stream_schema(spec, path)["description"]
+        assert "stream_text_withdrawn" in description and "as the model writes" in description
+
+
+def test_the_frames_v1_streams_send_fit_the_description(spec: dict[str, Any]) -> None:
+    chat = ChatFrames(stream_run(), "demo", include_usage=False)
+    text = chat.opening() + chat.live(LiveDelta(7, "Hel")) + chat.live(LiveReset(7))
+    sent = sse_frames(text)
+    assert [json.loads(f["data"]).get("object") for f in sent[:2]] == ["chat.completion.chunk"] * 2
+    assert json.loads(sent[1]["data"])["choices"][0]["delta"] == {"content": "Hel"}
+    assert json.loads(sent[2]["data"])["error"]["code"] == "stream_text_withdrawn"
+    assert sent[3] == {"event": "message", "data": "[DONE]"} and len(sent) == 4
+    responses = ResponseFrames(stream_run(), "demo")
+    text = responses.opening() + responses.live(LiveDelta(7, "Hel")) + responses.live(LiveReset(7))
+    typed = sse_frames(text)
+    kinds = [f["event"] for f in typed]
+    assert "response.output_text.delta" in kinds and kinds[-1] == "response.failed"
+    failed = json.loads(typed[-1]["data"])["response"]
+    assert failed["error"]["code"] == "stream_text_withdrawn"
+    for path, frames in [("/v1/chat/completions", sent), ("/v1/responses", typed)]:
+        for each in frames:
+            assert fits(spec, stream_schema(spec, path), each) == [], (path, each)
+    chat_sse = stream_schema(spec, "/v1/chat/completions")
+    assert fits(spec, chat_sse, {"data": json.dumps({"object": "chat.completion.chunk"})})
