@@ -316,6 +316,9 @@ class ChatFrames:
         final = chat_final_frames(run, self.model, self.include_usage, streamed=self.streamed)
         return "".join(final)
 
+    def follow_on(self, run_id: str) -> None:
+        self.run_id = run_id  # its answer ends the completion (the chunks keep their id)
+
 
 class ResponseFrames:
     """A run as the Responses API's typed events (`ResponseEvents`)."""
@@ -347,6 +350,9 @@ class ResponseFrames:
     def closing(self, run: Run | None) -> str:
         assert run is not None
         return "".join(self.events.closing(run))
+
+    def follow_on(self, run_id: str) -> None:
+        self.run_id = run_id  # its answer ends the response (whose id stays)
 
 
 class TurnJoin:

@@ -609,13 +609,16 @@ MODEL_TEXT_RESET: dict[str, Any] = {
         "data": {"type": "object", "required": ["callSeq"], "properties": {"callSeq": CALL_SEQ}},
     },
 }
+STREAM_ID = "^([0-9a-f-]+:)?[0-9]+$"
+"""A stored event's `id` on a stream: its seq, or `<run id>:<seq>` in a continuation."""
 EVENT_FRAME: dict[str, Any] = {
     "type": "object",
-    "description": "a stored event: `id: <seq>` (what Last-Event-ID names), `event: <type>`,"
-    " `data: <event JSON>`",
+    "description": "a stored event: `id: <seq>` (what Last-Event-ID names; `<run id>:<seq>`"
+    " for the events of a run that continues the stream's run after its worker died),"
+    " `event: <type>`, `data: <event JSON>`",
     "required": ["id", "event", "data"],
     "properties": {
-        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "id": {"type": "string", "pattern": STREAM_ID},
         "event": {
             "type": "string",
             "pattern": "^[A-Z][A-Za-z]+$",
@@ -633,7 +636,7 @@ LIVE_TEXT_FRAME: dict[str, Any] = {
     "properties": {
         "id": {
             "type": "string",
-            "pattern": "^[0-9]+$",
+            "pattern": STREAM_ID,
             "description": "never sent: a client keeps the last stored event's (the SSE rules)",
         },
         "event": {"enum": LIVE_TEXT_EVENTS},
@@ -882,7 +885,9 @@ def run_paths(key: dict[str, Any]) -> dict[str, Any]:
                     {
                         "name": "Last-Event-ID",
                         "in": "header",
-                        "description": "start after this sequence number (empty: from the start)",
+                        "description": "start after this sequence number (empty: from the"
+                        " start); on an event stream also `<run id>:<seq>`, of a run that"
+                        " continues this one",
                         "schema": EVENT_SEQ,
                     },
                 ],

@@ -22,6 +22,7 @@ from tracon_jobs.runs.views import run_json, tool_call_json
 from web import inputs
 from web.auth import require_tenant, tenant_id
 from web.buffered import buffered_run_response, run_view
+from web.continuing import ChainPosition, continues
 from web.extensions import runtime
 from web.idempotency import has_key, idempotent, remember_run
 from web.preferences import prefers_async
@@ -192,24 +193,41 @@ def run_events(run_id: str) -> Response:
     rt = runtime()
     if not rt.runs.exists(run_id, tenant_id()):  # every stream opens here: no row loaded
         raise not_found(f"no run '{run_id}'")
-    after = last_event_id()
     if "text/event-stream" in request.headers.get("Accept", ""):
-        return live_stream(EventFrames(run_id), after)
+        followed, after = stream_position(run_id)
+        return live_stream(EventFrames(followed, origin=run_id), after)
+    after = last_event_id()
     return jsonify({"items": [event.as_json() for event in rt.runs.events(run_id, after)]})
 
 
-def last_event_id() -> int:
-    """`Last-Event-ID`, else `?after=`, else 0: an event sequence number. Each one sent is
-    checked (400 naming it), the one not used too; an empty one reads as none."""
+def last_event_id(last: str | None = None) -> int:
+    """`Last-Event-ID` (or `last`, its seq), else `?after=`, else 0: an event sequence
+    number. Each one sent is checked (400 naming it), the one not used too; an empty one
+    reads as none."""
     sent = [
         inputs.integer(raw, field, 0, MAX_EVENT_SEQ)
         for field, raw in (
-            ("Last-Event-ID", request.headers.get("Last-Event-ID")),
+            ("Last-Event-ID", last if last is not None else request.headers.get("Last-Event-ID")),
             ("after", request.args.get("after")),
         )
         if raw
     ]
     return sent[0] if sent else 0
+
+
+def stream_position(run_id: str) -> tuple[str, int]:
+    """(the run a resumed stream follows, the seq after which): `Last-Event-ID` names a seq
+    of `run_id`, or `<run id>:<seq>` of a run that continues it (`web.continuing`)."""
+    raw = request.headers.get("Last-Event-ID")
+    continuation, seq = ChainPosition.parse(raw) if raw else (None, raw)
+    if continuation is None:
+        return run_id, last_event_id(seq)
+    if not continues(runtime().runs, run_id, continuation, tenant_id()):
+        raise bad_request(
+            f"Last-Event-ID: '{continuation}' is not a run that continues run '{run_id}'",
+            field="Last-Event-ID",
+        )
+    return continuation, last_event_id(seq)
 
 
 @bp.get("/runs/<run_id>/tree")

@@ -32,6 +32,7 @@ from tracon_jobs.coordination.live_text import LiveText
 from tracon_jobs.coordination.streams import RENEW_SECONDS
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENTS
 from tracon_jobs.runs.store import Event, Run, RunStore
+from web.continuing import WAIT_SECONDS, Chain, ChainPosition, FollowOn, Step
 from web.live_turn import KEEPS_OPEN, OPENS, LiveDelta, LiveItem, TurnCursor
 
 KEEPALIVE_SECONDS = 15.0
@@ -40,9 +41,10 @@ LIVE_POLL_SECONDS = 0.05
 """How often `followed` reads the open call's text (the hub is told of each delta)."""
 
 
-def frame(event: Event) -> str:
+def frame(event: Event, position: str | None = None) -> str:
+    """A stored event's frame; its `id` is its seq, or `position` (`ChainPosition`)."""
     payload = json.dumps(event.as_json(), separators=(",", ":"))
-    return f"id: {event.seq}\nevent: {event.type}\ndata: {payload}\n\n"
+    return f"id: {position or event.seq}\nevent: {event.type}\ndata: {payload}\n\n"
 
 
 def live_frame(item: LiveItem) -> str:
@@ -76,22 +78,35 @@ class Follow(Protocol):
 
     def closing(self, run: Run | None) -> str: ...
 
+    def follow_on(self, run_id: str) -> None:
+        """From here on the stream follows `run_id`, the run that continues the one it
+        followed (`web.continuing`)."""
+        ...
+
 
 class EventFrames:
-    """The run's own events, one SSE frame each, `id` their sequence (`Last-Event-ID`)."""
+    """The run's own events, one SSE frame each, `id` their sequence (`Last-Event-ID`);
+    a continuation's, `<its run id>:<seq>`."""
 
-    shared = True
     needs_run = False
     done = False
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, origin: str | None = None) -> None:
         self.run_id = run_id
+        self.origin = origin or run_id  # the run the client asked for
+        self.shared = self.run_id == self.origin
 
     def opening(self) -> str:
         return ""
 
     def frames(self, event: Event) -> str:
-        return frame(event)
+        if self.shared:
+            return frame(event)
+        return frame(event, str(ChainPosition(self.run_id, event.seq)))
+
+    def follow_on(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.shared = False
 
     def live(self, item: LiveItem) -> str:
         if isinstance(item, LiveDelta) and item.whole:
@@ -162,10 +177,13 @@ def followed(
     renew: Callable[[], None] | None = None,
     live: LiveText | None = None,
     resume: int | None = None,
+    chain: Chain | None = None,
 ) -> Iterator[str]:
     """A stream's text, following the run in the calling thread (see the module's
-    docstring: while a call is open its text is polled)."""
+    docstring: while a call is open its text is polled), and on into the runs that
+    continue it (`chain`, `web.continuing`)."""
     yield follow.opening() or KEEPALIVE  # the head goes out at once, before the run moves
+    chain = chain or Chain(follows_on=False)
     cursor = TurnCursor()
     if resume is not None:
         cursor.resume(resume)
@@ -183,7 +201,12 @@ def followed(
                 return
             yield out + follow.frames(event)
             last = event.seq
-            if event.type in TERMINAL_EVENTS:
+            step = chain.step(event)
+            if isinstance(step, FollowOn):
+                follow.follow_on(step.run_id)
+                run_id, last, cursor = step.run_id, 0, TurnCursor()
+                break
+            if step is Step.END:
                 ended = True
                 break
         if ended:
@@ -192,6 +215,8 @@ def followed(
             position = feed.position(run_id)
             quiet_since = time.monotonic()
             continue
+        if chain.given_up(time.monotonic()):
+            break
         polling = live is not None and cursor.open is not None
         if polling:
             assert live is not None
@@ -205,6 +230,8 @@ def followed(
             if follow.done:
                 return
         wait = min(LIVE_POLL_SECONDS, keepalive) if polling else keepalive
+        if chain.waiting:
+            wait = min(wait, WAIT_SECONDS)
         woke = feed.wait(run_id, position, wait)
         if woke is not None:
             position = woke
@@ -217,7 +244,7 @@ def followed(
         if renew is not None and now - renewed >= RENEW_SECONDS:
             renew()
             renewed = time.monotonic()
-    run = store.get(run_id) if follow.needs_run else None
+    run = store.get(follow.run_id) if follow.needs_run else None
     yield follow.closing(run)
 
 

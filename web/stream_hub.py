@@ -21,7 +21,9 @@ thread is free. The hub holds the connections, non-blocking, in one selector:
   arrive meanwhile wait and are applied after it (their offsets drop what the snapshot
   held). A resubscription reads the snapshots again of runs with an open call.
 - A follower whose `Follow` says `cancel_on_disconnect` cancels its run when its client
-  goes away before the stream ended (`/v1` under `OpenAI.CancelOnDisconnect`).
+  goes away before the stream ended (`/v1` under `Runs.CancelOnDisconnect`).
+- A follower of a run whose worker died follows on into the run that continues it
+  (`web.continuing`): it moves to that run's followers, from its first event.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from tracon_jobs.coordination.live_text import LiveText, TextDelta, TurnText
 from tracon_jobs.coordination.streams import RENEW_SECONDS, StreamPlace, StreamPlaces
 from tracon_jobs.runs.lifecycle import TERMINAL_EVENTS
 from tracon_jobs.runs.store import Event, Run, RunStore
+from web.continuing import BLOCKED, Chain, FollowOn, Step
 from web.live_turn import LiveItem, TurnCursor
 from web.sse import KEEPALIVE, KEEPALIVE_SECONDS, Follow
 
@@ -53,12 +56,15 @@ MAX_BUFFERED = 1024 * 1024
 SWEEP_SECONDS = 0.5
 READ_LIMIT = 1000  # RunStore.events' page: a full page is followed by another read
 LAST_CHUNK = b"0\r\n\r\n"
+ENDS = TERMINAL_EVENTS | {BLOCKED}
+"""The events that may end a stream: a closing that needs its run reads it with them."""
 
 
 class Follower:
     """One client's stream: its connection, what it was sent, what waits to be written."""
 
     __slots__ = (
+        "chain",
         "chunked",
         "cursor",
         "ending",
@@ -71,8 +77,15 @@ class Follower:
     )
 
     def __init__(
-        self, sock: socket.socket, follow: Follow, last: int, place: StreamPlace, chunked: bool
+        self,
+        sock: socket.socket,
+        follow: Follow,
+        last: int,
+        place: StreamPlace,
+        chunked: bool,
+        chain: Chain,
     ) -> None:
+        self.chain = chain
         self.cursor = TurnCursor()
         self.sock = sock
         self.follow = follow
@@ -93,6 +106,13 @@ class Follower:
             self.out += b"\r\n"
         else:
             self.out += data
+
+    def end(self, run: Run | None) -> None:
+        """Queue the stream's closing; the connection closes once it is out."""
+        self.queue(self.follow.closing(run))
+        if self.chunked:
+            self.out += LAST_CHUNK
+        self.ending = True
 
     def queue_live(self, items: list[LiveItem]) -> None:
         for item in items:
@@ -118,7 +138,9 @@ class StreamHub:
         max_buffered: int = MAX_BUFFERED,
         live_text: LiveText | None = None,
         cancel: Callable[[str], None] | None = None,
+        follows_on: bool = False,
     ) -> None:
+        self.follows_on = follows_on  # streams follow orphans into their continuations
         self.runs = runs
         self.places = places
         self.keepalive = keepalive
@@ -165,7 +187,7 @@ class StreamHub:
     ) -> None:
         """`resume`: the call open at `after` (`web.sse.open_call`), for a mid-turn rejoin."""
         sock.setblocking(False)
-        follower = Follower(sock, follow, after, place, chunked)
+        follower = Follower(sock, follow, after, place, chunked, Chain(self.follows_on))
         if resume is not None:
             follower.cursor.resume(resume)
         follower.queue(follow.opening() or KEEPALIVE)
@@ -284,7 +306,7 @@ class StreamHub:
         run: Run | None = None
         try:
             events = self.runs.events(run_id, after, limit=READ_LIMIT)
-            if needs_run and any(e.type in TERMINAL_EVENTS for e in events):
+            if needs_run and any(e.type in ENDS for e in events):
                 run = self.runs.get(run_id)
         except Exception as exc:  # SQL away: the next sweep reads again
             log.warning("live stream read of run %s failed: %s", run_id, exc)
@@ -301,6 +323,7 @@ class StreamHub:
 
     def deliver(self, run_id: str, after: int, events: list[Event], run: Run | None) -> None:
         shared: dict[int, str] = {}
+        moving: list[tuple[Follower, str]] = []
         now = time.monotonic()
         for follower in list(self.followers.get(run_id, ())):
             if follower.last < after or follower.ending:
@@ -308,8 +331,7 @@ class StreamHub:
             for event in events:
                 if event.seq <= follower.last:
                     continue
-                ends = event.type in TERMINAL_EVENTS
-                if ends and follower.follow.needs_run and run is None:
+                if event.type in ENDS and follower.follow.needs_run and run is None:
                     self.again.add(run_id)  # joined after the read began: read the run too
                     break
                 if follower.follow.shared:
@@ -323,15 +345,54 @@ class StreamHub:
                     break
                 follower.queue(text)
                 follower.last = event.seq
-                if ends:
-                    follower.queue(follower.follow.closing(run))
-                    if follower.chunked:
-                        follower.out += LAST_CHUNK
-                    follower.ending = True
+                step = follower.chain.step(event)
+                if isinstance(step, FollowOn):
+                    moving.append((follower, step.run_id))
+                    break
+                if step is Step.END:
+                    follower.end(run)
                     break
             follower.quiet_until = now + self.keepalive
             self.flush(follower)
+        for follower, continuation in moving:
+            self.move(follower, continuation)
         self.snapshot_if_needed(run_id)
+
+    def move(self, follower: Follower, run_id: str) -> None:
+        """A follower of an orphan follows on into the run that continues it."""
+        group = self.followers.get(follower.follow.run_id)
+        if group is None or follower not in group:
+            return  # dropped meanwhile
+        group.discard(follower)
+        if not group:
+            del self.followers[follower.follow.run_id]
+        follower.follow.follow_on(run_id)
+        follower.last = 0
+        follower.cursor = TurnCursor()
+        self.followers.setdefault(run_id, set()).add(follower)
+        self.read(run_id)
+
+    def give_up(self, follower: Follower) -> None:
+        """The orphan's scan said nothing more in time: end the stream (with its run, when
+        the closing needs it)."""
+        run_id = follower.follow.run_id
+
+        def read() -> None:
+            try:
+                run = self.runs.get(run_id) if follower.follow.needs_run else None
+            except Exception as exc:  # SQL away: the next sweep tries again
+                log.warning("live stream read of run %s failed: %s", run_id, exc)
+                self.call(lambda: setattr(follower.chain, "waiting_since", 0.0))
+                return
+            self.call(lambda: self.ended_waiting(follower, run))
+
+        self.pool.submit(read)
+
+    def ended_waiting(self, follower: Follower, run: Run | None) -> None:
+        if follower.ending or follower not in self.followers.get(follower.follow.run_id, ()):
+            return
+        follower.end(run)
+        self.flush(follower)
 
     # -- live text (the hub's thread) ------------------------------------------------------
 
@@ -457,6 +518,9 @@ class StreamHub:
         quiet: set[str] = set()
         for run_id, group in list(self.followers.items()):
             for follower in list(group):
+                if follower.chain.given_up(now) and not follower.ending:
+                    follower.chain.waiting_since = None  # one read of its run ends it
+                    self.give_up(follower)
                 if follower.quiet_until <= now and not follower.ending:
                     follower.queue(KEEPALIVE)
                     follower.quiet_until = now + self.keepalive

@@ -26,6 +26,7 @@ from tracon_jobs.runs.cancel import cancel_tree
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runtime import Runtime
 from web.auth import tenant_id
+from web.continuing import Chain
 from web.extensions import runtime
 from web.problems import Problem
 from web.sse import KEEPALIVE_SECONDS, Follow, followed, open_call, sse_response
@@ -37,6 +38,12 @@ def cancel_run(rt: Runtime, run_id: str) -> None:
     run = rt.runs.get(run_id)
     if run is not None and not RunStatus(run.status).is_terminal:
         cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, run)
+
+
+def follows_on(rt: Runtime) -> bool:
+    """Whether orphans are continued here, so streams follow on into the continuation."""
+    settings = rt.settings
+    return settings.run_continuation.enabled and settings.run_reconciliation.enabled
 
 
 def canceled_when_left(frames: Iterator[str], cancel: Callable[[], None]) -> Iterator[str]:
@@ -116,7 +123,10 @@ def live_stream(
     keepalive = current_app.config.get("SSE_KEEPALIVE_SECONDS", KEEPALIVE_SECONDS)
     resume = open_call(rt.runs, rt.live_text, follow.run_id, after)
     renew = partial(places.renew, [place])
-    frames = followed(follow, rt.runs, rt.feed, after, keepalive, renew, rt.live_text, resume)
+    chain = Chain(follows_on(rt))
+    frames = followed(
+        follow, rt.runs, rt.feed, after, keepalive, renew, rt.live_text, resume, chain
+    )
     if cancels_on_disconnect(follow):
         frames = canceled_when_left(frames, partial(cancel_run, rt, follow.run_id))
     response = sse_response(frames, **headers)
@@ -170,6 +180,14 @@ def stream_hub(app: Flask) -> StreamHub:
             places = stream_places()
         keepalive = app.config.get("SSE_KEEPALIVE_SECONDS", KEEPALIVE_SECONDS)
         cancel = partial(cancel_run, rt)
-        hub = StreamHub(rt.runs, rt.feed, places, keepalive, live_text=rt.live_text, cancel=cancel)
+        hub = StreamHub(
+            rt.runs,
+            rt.feed,
+            places,
+            keepalive,
+            live_text=rt.live_text,
+            cancel=cancel,
+            follows_on=follows_on(rt),
+        )
         app.extensions["tracon_stream_hub"] = (os.getpid(), hub)
         return hub
