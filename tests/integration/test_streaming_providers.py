@@ -179,7 +179,16 @@ def test_an_anthropic_refusal_is_blocked_content_streamed_or_not(
     assert "".join(pieces) == "I will not"
 
 
-@pytest.mark.parametrize(("error_type", "status"), [("overloaded_error", 529), ("api_error", 500)])
+@pytest.mark.parametrize(
+    ("error_type", "status"),
+    [
+        ("overloaded_error", 529),
+        ("api_error", 500),
+        ("rate_limit_error", 429),
+        ("invalid_request_error", 400),
+        ("some_new_error", 500),
+    ],
+)
 def test_an_anthropic_error_event_mid_stream_fails_as_that_status_would(
     stub: StubProvider, anthropic_provider: AnthropicProvider, error_type: str, status: int
 ) -> None:
@@ -194,7 +203,9 @@ def test_an_anthropic_error_event_mid_stream_fails_as_that_status_would(
     failure = streamed.value
     assert (failure.kind, failure.status, failure.retry_after) == ("http", status, None)
     assert (failure.kind, failure.status) == (answered.value.kind, answered.value.status)
-    assert classify(failure) == classify(answered.value) == Verdict(counts=True, transient=True)
+    assert classify(failure) == classify(answered.value)
+    if status >= 500:
+        assert classify(failure) == Verdict(counts=True, transient=True)
     assert error_type in str(failure) and "Overloaded" in str(failure)
     assert pieces == ["abcd", "efgh"]  # "ijkl" never came
 

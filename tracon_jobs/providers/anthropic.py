@@ -180,8 +180,8 @@ class EventReader:
             delta = json_object(event.get("delta"))
             if "stop_reason" in delta:
                 self._message["stop_reason"] = delta["stop_reason"]
-            self._message["usage"].update(
-                {key: value for key, value in json_object(event.get("usage")).items() if value}
+            self._message["usage"].update(  # a count the delta reports, zero included
+                {k: v for k, v in json_object(event.get("usage")).items() if v is not None}
             )
         elif kind == "message_stop":
             self._done = True
@@ -191,12 +191,12 @@ class EventReader:
         return False
 
     def _error(self, error: dict[str, Any]) -> None:
-        overloaded = error.get("type") == "overloaded_error"
+        """An `error` event: failed as the HTTP status of its error type would have."""
         raise ProviderError(
             f"Provider '{self._provider.name}' failed mid-stream: "
             f"{text(error.get('type'))}: {text(error.get('message'))}",
             provider=self._provider.name,
-            status=529 if overloaded else 500,
+            status=STREAM_ERROR_STATUS.get(str(error.get("type")), 500),
             kind="http",
         )
 
@@ -351,6 +351,22 @@ def _tool(spec: dict[str, Any]) -> dict[str, Any]:
     if function.get("description"):
         tool["description"] = function["description"]
     return tool
+
+
+STREAM_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+"""The HTTP status of each error type of the Messages API, for an `error` event sent
+mid-stream (after the 200): an unknown type is a 500."""
 
 
 def map_anthropic_error(provider: str, exc: anthropic.AnthropicError) -> ProviderError:
