@@ -11,6 +11,8 @@ import contextlib
 import threading
 from collections.abc import Callable
 
+from tracon_jobs.timers import timers
+
 Callback = Callable[[str], None]
 
 
@@ -63,10 +65,8 @@ class AbortSignal:
         child = AbortSignal()
         unregister = self.on_abort(child.abort)
         child.on_abort(lambda _reason: unregister())
-        if timeout is not None:
-            timer = threading.Timer(timeout, child.abort, args=("timeout",))
-            timer.daemon = True
-            timer.start()
+        if timeout is not None:  # on the process's timer thread, not a thread of its own
+            timer = timers().after(timeout, lambda: child.abort("timeout"))
             child.on_abort(lambda _reason: timer.cancel())
         return child
 

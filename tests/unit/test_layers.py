@@ -102,6 +102,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "leaves",  # import nothing of the project
         (
             "tracon_jobs.errors",
+            "tracon_jobs.timers",
             "tracon_jobs.abort",
             "tracon_jobs.logs",
             "tracon_jobs.startup",

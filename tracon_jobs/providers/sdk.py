@@ -130,44 +130,35 @@ class SdkProvider:
         arguments = {**self._arguments(request), **self._stream_arguments()}
         reader = self._stream_reader(request, on_text)
         client = self._client.get()
-        timed_out = threading.Event()
+        call = signal.child(self._timeout_seconds)  # the whole call's deadline
         try:
-            with abortable(signal) as guard:
-
-                def expire() -> None:
-                    timed_out.set()
-                    guard.abort("timeout")
-
-                timer = threading.Timer(self._timeout_seconds, expire)
-                timer.daemon = True
-                timer.start()
+            with abortable(call):
+                response = client.post(
+                    self.path,
+                    body=arguments,
+                    cast_to=httpx2.Response,
+                    stream=True,
+                    options={"timeout": self._stream_timeout()},
+                )
                 try:
-                    response = client.post(
-                        self.path,
-                        body=arguments,
-                        cast_to=httpx2.Response,
-                        stream=True,
-                        options={"timeout": self._stream_timeout()},
-                    )
-                    try:
-                        for line in response.iter_lines():
-                            if reader.line(line):
-                                break
-                    finally:
-                        response.close()
+                    for line in response.iter_lines():
+                        if reader.line(line):
+                            break
                 finally:
-                    timer.cancel()
+                    response.close()
         except (self.sdk_error, httpx2.HTTPError) as exc:
             if signal.aborted:
                 raise cancelled(self.name, signal) from None
-            if timed_out.is_set() or isinstance(exc, httpx2.TimeoutException):
+            if call.aborted or isinstance(exc, httpx2.TimeoutException):
                 raise self._timeout() from None
             if isinstance(exc, self.sdk_error):
                 raise self._map_error(exc) from exc
             raise malformed(self.name, f"a stream cut short ({exc!r})") from None
+        finally:
+            call.abort("done")  # its deadline and its link to the run's signal go
         if signal.aborted:
             raise cancelled(self.name, signal)
-        if timed_out.is_set():
+        if call.reason == "timeout":
             raise self._timeout()
         return reader.result()
 
