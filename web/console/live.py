@@ -8,11 +8,14 @@ the API's Authorization header), so these routes live here and not under `/api`.
 from __future__ import annotations
 
 from flask import Response, jsonify, render_template
+from werkzeug.exceptions import NotFound
 
 from tracon_jobs.runs.lifecycle import RunStatus
 from web.console.blueprint import bp
+from web.console.session import current_tenant
 from web.console.views import owned_run, run_context, runs_context
 from web.extensions import runtime
+from web.live_turn import KEEPS_OPEN
 
 
 @bp.get("/console/live/runs")
@@ -30,20 +33,17 @@ def live_run(run_id: str) -> Response:
     return jsonify({"status": run.status, "terminal": terminal, "html": html})
 
 
-CALL_KEEPS_OPEN = frozenset({"CircuitStateChanged"})
-"""Events that may follow a call's `ModelCallStarted` while the call is still answering."""
-
-
 @bp.get("/console/live/runs/<run_id>/text")
 def live_text(run_id: str) -> Response:
     """The text of the run's model call while it streams (`text` null when no call streams):
     the page polls it a few times a second, so a turn's answer grows as it arrives."""
-    run = owned_run(run_id)
     rt = runtime()
-    found = None if RunStatus(run.status).is_terminal else rt.live_text.snapshot(run.id)
+    if not rt.runs.exists(run_id, current_tenant()):  # the tenant's only: an index lookup
+        raise NotFound(f"There is no run {run_id} in this tenant.")
+    found = rt.live_text.snapshot(run_id)  # none while no call streams: no more reads
     if found is not None:
-        later = rt.runs.events(run.id, found.call_seq, limit=50)
-        if any(event.type not in CALL_KEEPS_OPEN for event in later):
+        later = rt.runs.events(run_id, found.call_seq, limit=50)
+        if any(event.type not in KEEPS_OPEN for event in later):
             found = None  # the call ended (its text is in its ModelCallCompleted), or failed
     if found is None:
         return jsonify({"callSeq": None, "text": None})
