@@ -359,19 +359,27 @@ class Exchange:
         handler.end_headers()
         handler.wfile.write(data)
 
-    def send_events(self, events: Sequence[str], delay: float = 0.0) -> None:
-        """Answer as server-sent events, one write per event, `delay` between them."""
+    def send_events(self, events: Sequence[str], delay: float = 0.0, *, end: bool = True) -> None:
+        """Answer as server-sent events, one chunk per event, `delay` between them, on a
+        connection kept alive (as the providers do: a client may use it again); without
+        `end`, the body is left unfinished and the connection closed."""
         handler = self._handler
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")
-        handler.send_header("Connection", "close")
+        handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
-        handler.close_connection = True
         for index, event in enumerate(events):
             if index and delay and self.stopping.wait(delay):
+                handler.close_connection = True
                 return
-            handler.wfile.write(event.encode())
+            data = event.encode()
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             handler.wfile.flush()
+        if not end:
+            self.close_connection()
+            return
+        handler.wfile.write(b"0\r\n\r\n")
+        handler.wfile.flush()
 
     def client_gone(self) -> bool:
         """True once the client closed its end (an aborted call), so a hang can end early."""
@@ -397,6 +405,7 @@ class StubProvider:
         self._queue: deque[Behaviour] = deque()
         self._requests: list[dict[str, Any]] = []
         self._headers: list[dict[str, str]] = []
+        self._peers: list[tuple[str, int]] = []
         self._in_progress = 0
         self.peak_in_progress = 0
         self._stopping = threading.Event()
@@ -424,6 +433,12 @@ class StubProvider:
     def request_headers(self) -> list[dict[str, str]]:
         with self._lock:
             return list(self._headers)
+
+    @property
+    def peers(self) -> list[tuple[str, int]]:
+        """The client address of each request: one per connection the client opened."""
+        with self._lock:
+            return list(self._peers)
 
     @property
     def in_progress(self) -> int:
@@ -468,6 +483,8 @@ class StubProvider:
         self.stop()
 
     def handle(self, handler: _Handler, body: dict[str, Any], api: str) -> None:
+        with self._lock:
+            self._peers.append(handler.client_address[:2])
         behaviour = self._begin(body, dict(handler.headers.items()))
         try:
             behaviour.respond(Exchange(handler, body, self._stopping, api))
@@ -546,7 +563,7 @@ class StreamThenDrop:
             if exchange.api == "anthropic"
             else self.reply.completion_chunks(exchange.body)
         )
-        exchange.send_events(events[: self.after_chunks])
+        exchange.send_events(events[: self.after_chunks], end=False)
 
 
 def stream_then_drop(text: str, after_chunks: int = 2) -> StreamThenDrop:

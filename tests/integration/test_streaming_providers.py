@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
 from tests.stub_provider import (
+    Exchange,
     Reply,
     StubProvider,
     StubToolCall,
@@ -253,3 +255,45 @@ def test_stream_settings_that_cannot_hold_are_refused(provider: dict, named: str
     with pytest.raises(ValidationError) as refused:
         Settings.model_validate({"Providers": {"p": provider}})
     assert named in str(refused.value)
+
+
+def test_streamed_calls_one_after_another_share_one_connection(
+    stub: StubProvider, provider: SdkProvider
+) -> None:
+    # the body's end is read after the last event, so the connection goes back to the pool
+    for _ in range(3):
+        stub.enqueue(Reply("one two three four", chunks=4))
+        answer = provider.stream(REQUEST, AbortSignal(), lambda piece: None)
+        assert answer.text == "one two three four"
+
+    assert len(stub.peers) == 3 and len(set(stub.peers)) == 1
+
+
+@dataclass(frozen=True)
+class DoneButOpen:
+    """A whole stream whose body the server then keeps open (no end of body)."""
+
+    reply: Reply
+
+    def respond(self, exchange: Exchange) -> None:
+        reply = self.reply
+        anthropic = exchange.api == "anthropic"
+        events = (
+            reply.message_events(exchange.body)
+            if anthropic
+            else reply.completion_chunks(exchange.body)
+        )
+        exchange.send_events(events, end=False)
+        exchange.stopping.wait(5)
+
+
+def test_a_body_kept_open_after_the_last_event_costs_a_moment_not_the_call(
+    stub: StubProvider, provider: SdkProvider
+) -> None:
+    stub.enqueue(DoneButOpen(Reply("all of it", chunks=2)))
+    started = time.monotonic()
+
+    answer = provider.stream(REQUEST, AbortSignal(), lambda piece: None)
+
+    assert answer.text == "all of it"
+    assert time.monotonic() - started < 2.0

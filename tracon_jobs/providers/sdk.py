@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import httpx2
@@ -141,8 +141,10 @@ class SdkProvider:
                     options={"timeout": self._stream_timeout()},
                 )
                 try:
-                    for line in response.iter_lines():
+                    lines = response.iter_lines()
+                    for line in lines:
                         if reader.line(line):
+                            _read_to_the_end(lines, call)
                             break
                 finally:
                     response.close()
@@ -195,3 +197,22 @@ class SdkProvider:
 
     def _to_response(self, body: bytes, request: ModelRequest) -> ModelResponse:
         raise NotImplementedError
+
+
+TAIL_SECONDS = 0.5
+"""How long the end of a stream's body may take after its last event."""
+
+
+def _read_to_the_end(lines: Iterator[str], call: AbortSignal) -> None:
+    """Read what follows a stream's last event (normally the body's end, in the same
+    packet), so its connection goes back to the pool instead of being closed; a server
+    that keeps the body open costs `TAIL_SECONDS`, not a failed call."""
+    tail = call.child(TAIL_SECONDS)
+    try:
+        with abortable(tail):
+            for _ in lines:
+                pass
+    except Exception:  # the answer is whole already; the connection is not reused
+        pass
+    finally:
+        tail.abort("done")
