@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -54,19 +54,21 @@ class Reply:
     chunks: int | None = None  # a streamed text in this many pieces (None: about 4 chars each)
     chunk_delay: float = 0.0
     stop_reason: str | None = None  # Anthropic's (None: tool_use with tool calls, else end_turn)
+    headers: Mapping[str, str] = field(default_factory=dict)  # sent with the answer
 
     def respond(self, exchange: Exchange) -> None:
+        headers = dict(self.headers)
         if exchange.body.get("stream"):
             events = (
                 self.message_events(exchange.body)
                 if exchange.api == "anthropic"
                 else self.completion_chunks(exchange.body)
             )
-            exchange.send_events(events, self.chunk_delay)
+            exchange.send_events(events, self.chunk_delay, headers=headers)
         elif exchange.api == "anthropic":
-            exchange.send_json(200, self.message(exchange.body))
+            exchange.send_json(200, self.message(exchange.body), headers)
         else:
-            exchange.send_json(200, self.completion(exchange.body))
+            exchange.send_json(200, self.completion(exchange.body), headers)
 
     def message(self, body: dict[str, Any]) -> dict[str, Any]:
         """A Messages API `message` as Anthropic returns it."""
@@ -359,7 +361,14 @@ class Exchange:
         handler.end_headers()
         handler.wfile.write(data)
 
-    def send_events(self, events: Sequence[str], delay: float = 0.0, *, end: bool = True) -> None:
+    def send_events(
+        self,
+        events: Sequence[str],
+        delay: float = 0.0,
+        *,
+        end: bool = True,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         """Answer as server-sent events, one chunk per event, `delay` between them, on a
         connection kept alive (as the providers do: a client may use it again); without
         `end`, the body is left unfinished and the connection closed."""
@@ -367,6 +376,8 @@ class Exchange:
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")
         handler.send_header("Transfer-Encoding", "chunked")
+        for name, value in (headers or {}).items():
+            handler.send_header(name, value)
         handler.end_headers()
         for index, event in enumerate(events):
             if index and delay and self.stopping.wait(delay):

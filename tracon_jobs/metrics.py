@@ -111,6 +111,17 @@ SLOT_WAIT_SECONDS = Histogram(
 SLOT_WAITS = Counter(
     "tracon_slot_waits", "Model calls that found no free slot and had to wait", ["provider"]
 )
+RATE_LIMIT_WAIT_SECONDS = Histogram(
+    "tracon_rate_limit_wait_seconds",
+    "Time a model call waited for its provider's rate limits (limited providers only)",
+    ["provider"],
+    buckets=WAIT_BUCKETS,
+)
+RATE_LIMIT_WAITS = Counter(
+    "tracon_rate_limit_waits",
+    "Model calls that found their provider's rate limit spent and had to wait",
+    ["provider"],
+)
 LEASE_CHANGES = Counter(
     "tracon_lease_changes",
     "Singleton lease ownership changes in this process: acquired, lost, released",
@@ -202,6 +213,15 @@ def slot_wait(provider: str, seconds: float, waited: bool) -> None:
         SLOT_WAIT_SECONDS.labels(provider).observe(seconds)
         if waited:
             SLOT_WAITS.labels(provider).inc()
+
+    _safely(record)
+
+
+def rate_limit_wait(provider: str, seconds: float, waited: bool) -> None:
+    def record() -> None:
+        RATE_LIMIT_WAIT_SECONDS.labels(provider).observe(seconds)
+        if waited:
+            RATE_LIMIT_WAITS.labels(provider).inc()
 
     _safely(record)
 

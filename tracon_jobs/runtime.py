@@ -36,6 +36,7 @@ from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisBreakerStore
 from tracon_jobs.resilience.cache import RedisResponseCache
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
+from tracon_jobs.resilience.rate_limits import RateLimits, RedisRateStore, limits_of
 from tracon_jobs.runs.approvals import Approvals, ApprovalStore
 from tracon_jobs.runs.continuation import Continuations
 from tracon_jobs.runs.dispatch import RunDispatcher, Sender
@@ -178,6 +179,10 @@ class Runtime:
         )
 
     @cached_property
+    def rate_limits(self) -> RateLimits:
+        return RateLimits(RedisRateStore(self.redis), limits_of(self.settings.providers))
+
+    @cached_property
     def budgets(self) -> RedisBudgetStore:
         return RedisBudgetStore(self.redis)
 
@@ -222,7 +227,7 @@ class Runtime:
             self.db,
             self.tools,
             self.providers,
-            Resilience(self.breaker, self.slots, self.budgets, self.quotas),
+            Resilience(self.breaker, self.slots, self.budgets, self.quotas, self.rate_limits),
             self.live_runs,
             self.subagents,
             self.approval_store,

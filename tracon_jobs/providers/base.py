@@ -64,6 +64,9 @@ class ModelResponse:
     tool_calls: list[ToolCall]
     usage: Usage
     finish_reason: str = "stop"
+    provider_wait: float | None = None
+    """Seconds until the provider takes calls again, when its answer said a rate limit of
+    its own has nothing left (OpenAI's `x-ratelimit-*`, Anthropic's `anthropic-ratelimit-*`)."""
 
     def as_message(self) -> Message:
         message: Message = {"role": "assistant", "content": self.text}

@@ -7,9 +7,10 @@ pool belong to the parent: two processes reading one socket would take each othe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import httpx2
@@ -18,6 +19,7 @@ from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
 from tracon_jobs.providers.abortable_http import abortable
 from tracon_jobs.providers.base import ModelRequest, ModelResponse, OnText
+from tracon_jobs.providers.rate_headers import exhausted_for
 from tracon_jobs.providers.wire import cancelled, malformed
 
 
@@ -113,12 +115,13 @@ class SdkProvider:
         client = self._client.get()
         try:
             with abortable(signal):
-                body = client.post(self.path, body=arguments, cast_to=bytes)
+                raw = client.post(self.path, body=arguments, cast_to=httpx2.Response)
+                body = raw.content
         except self.sdk_error as exc:
             if signal.aborted:
                 raise cancelled(self.name, signal) from None
             raise self._map_error(exc) from exc
-        return self._to_response(body, request)
+        return with_provider_wait(self._to_response(body, request), raw.headers)
 
     def stream(self, request: ModelRequest, signal: AbortSignal, on_text: OnText) -> ModelResponse:
         """One call read as it arrives: `on_text` gets each piece of text, and the answer is
@@ -162,7 +165,7 @@ class SdkProvider:
             raise cancelled(self.name, signal)
         if call.reason == "timeout":
             raise self._timeout()
-        return reader.result()
+        return with_provider_wait(reader.result(), response.headers)
 
     def _stream_timeout(self) -> httpx2.Timeout:
         """Each wait (connecting, each chunk) ends at the idle timeout; the timer set to
@@ -216,3 +219,9 @@ def _read_to_the_end(lines: Iterator[str], call: AbortSignal) -> None:
         pass
     finally:
         tail.abort("done")
+
+
+def with_provider_wait(answer: ModelResponse, headers: Mapping[str, str]) -> ModelResponse:
+    """The answer, with the wait its rate-limit headers ask for when a limit is spent."""
+    wait = exhausted_for(headers)
+    return answer if wait is None else dataclasses.replace(answer, provider_wait=wait)

@@ -43,7 +43,14 @@ from tracon_jobs.errors import (
 )
 from tracon_jobs.limits.budget_store import BudgetStore, Limits
 from tracon_jobs.limits.tenant_quotas import OwnQuota, Quotas
-from tracon_jobs.limits.tree import ChainUnreadable, Reservation, TreeBudget, open_budget
+from tracon_jobs.limits.tree import (
+    DEFAULT_OUTPUT_RESERVE,
+    ChainUnreadable,
+    Reservation,
+    TreeBudget,
+    estimate_tokens,
+    open_budget,
+)
 from tracon_jobs.pricing import price_at, price_before
 from tracon_jobs.providers.base import (
     Message,
@@ -63,6 +70,12 @@ from tracon_jobs.resilience.cache import (
 )
 from tracon_jobs.resilience.classify import classify
 from tracon_jobs.resilience.concurrency import Slots
+from tracon_jobs.resilience.rate_limits import (
+    NOT_LIMITED,
+    Admitted,
+    MemoryRateStore,
+    RateLimits,
+)
 from tracon_jobs.runs.approvals import ApprovalStore
 from tracon_jobs.runs.continuation import chain_ledger
 from tracon_jobs.runs.execution import (
@@ -102,6 +115,7 @@ class Resilience:
     slots: Slots
     budgets: BudgetStore
     quotas: Quotas | None = None  # tenants' cost quotas, checked at the budget's gates
+    rate_limits: RateLimits | None = None  # providers' requests and tokens a minute
 
 
 class RunExecutor:
@@ -135,6 +149,7 @@ class RunExecutor:
         self.slots = guards.slots
         self.budgets = guards.budgets
         self.quotas = guards.quotas
+        self.rate_limits = guards.rate_limits or RateLimits(MemoryRateStore(), {})
         self.live_runs = live_runs
         self.owner_id = owner_id
         self.draining = draining  # set once a graceful stop began: claim nothing new
@@ -517,6 +532,7 @@ class RunExecutor:
                 return cached
             writer = self._turn_writer(ex, link.provider, started.seq)
             try:
+                limited = self._rate_admitted(ex, link, request)
                 with (
                     self.slots.hold(link.provider_name, ex.signal),
                     metrics.timed_model_call(link.provider_name, link.model),
@@ -530,12 +546,16 @@ class RunExecutor:
             except ProviderError as exc:
                 if writer is not None:
                     writer.withdraw()
+                if exc.status == 429:  # the provider's word: no call of it before then
+                    self.rate_limits.learn(link.provider_name, link.model, exc.retry_after)
                 raise self._model_call_failed(ex, link, ticket, exc) from exc
             except BaseException:
                 if writer is not None:
                     writer.withdraw()
                 raise
             self._record_spend(ex, link, response, index, reservation, ticket=ticket)
+            self.rate_limits.used(limited, response.usage.total_tokens)
+            self.rate_limits.learn(link.provider_name, link.model, response.provider_wait)
             if writer is not None:
                 if response.tool_calls:  # its ModelCallCompleted is written: text not needed
                     writer.forget()
@@ -547,6 +567,16 @@ class RunExecutor:
             value = response_to_json(response)
             self.cache.put(ex.run.agent, cache_key, value, ttl_ms, config.max_entries)
         return response
+
+    def _rate_admitted(self, ex: Execution, link: Link, request: ModelRequest) -> Admitted:
+        """Wait, if the provider's rate limits are spent, until the call may start (see
+        `resilience.rate_limits`); the call's tokens are its input and its `max_tokens`."""
+        if not self.rate_limits.scopes(link.provider_name, link.model):
+            return NOT_LIMITED
+        tokens = estimate_tokens(request.messages) + (
+            request.max_output_tokens or DEFAULT_OUTPUT_RESERVE
+        )
+        return self.rate_limits.admit(link.provider_name, link.model, tokens, ex.signal)
 
     def _turn_writer(self, ex: Execution, provider: Provider, call_seq: int) -> TurnWriter | None:
         """The live text of a streaming call (None: the provider does not stream, and the

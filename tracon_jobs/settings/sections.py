@@ -394,6 +394,17 @@ class ScriptStep(ConfigModel):
         return self
 
 
+class ModelRateLimits(ConfigModel):
+    """Rate limits of one model of a provider (a provider's models are often limited apart)."""
+
+    requests_per_minute: AtLeastOne | None = Field(
+        None, description="Most calls to this model that start in any 60 seconds."
+    )
+    tokens_per_minute: AtLeastOne | None = Field(
+        None, description="Most tokens of the calls to this model that start in any 60 seconds."
+    )
+
+
 class ProviderSettings(ConfigModel):
     """One named provider client; agents bind to it by name."""
 
@@ -426,6 +437,22 @@ class ProviderSettings(ConfigModel):
         None,
         description="Longest wait between two chunks of a streaming answer (at most "
         "`TimeoutSeconds`, which bounds the whole call); null is `TimeoutSeconds`.",
+    )
+    requests_per_minute: AtLeastOne | None = Field(
+        None,
+        description="Most calls to this provider that start in any 60 seconds, across the "
+        "cluster; a call over it waits (null: no limit).",
+    )
+    tokens_per_minute: AtLeastOne | None = Field(
+        None,
+        description="Most tokens of the calls that start in any 60 seconds, across the "
+        "cluster: each call counts its input (estimated) and its `max_tokens` (or 256), "
+        "corrected by its answer's usage (null: no limit).",
+    )
+    models: dict[str, ModelRateLimits] = Field(
+        {},
+        description="Limits of one model of this provider, held besides the provider's: "
+        "`RequestsPerMinute`, `TokensPerMinute`.",
     )
     script: list[ScriptStep] = Field(
         [],
