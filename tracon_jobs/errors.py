@@ -81,6 +81,16 @@ class ContentBlockedError(ProviderError):
         super().__init__(message, provider=provider, kind="content_blocked")
 
 
+class MustPark(TraconError):
+    """A model call would wait `seconds` for its provider (`reason`): its run is parked
+    instead of holding its worker thread for that long."""
+
+    def __init__(self, reason: str, seconds: float) -> None:
+        super().__init__(f"{reason}: {seconds:.1f}s to wait")
+        self.reason = reason
+        self.seconds = seconds
+
+
 class ToolError(TraconError):
     """A tool execution failed; `code` is what the model and the events see."""
 

@@ -122,6 +122,11 @@ RATE_LIMIT_WAITS = Counter(
     "Model calls that found their provider's rate limit spent and had to wait",
     ["provider"],
 )
+RUNS_PARKED = Counter(
+    "tracon_runs_parked",
+    "Runs this process parked (saved Queued to go on later), by reason",
+    ["reason"],
+)
 LEASE_CHANGES = Counter(
     "tracon_lease_changes",
     "Singleton lease ownership changes in this process: acquired, lost, released",
@@ -224,6 +229,10 @@ def rate_limit_wait(provider: str, seconds: float, waited: bool) -> None:
             RATE_LIMIT_WAITS.labels(provider).inc()
 
     _safely(record)
+
+
+def run_parked(reason: str) -> None:
+    _safely(lambda: RUNS_PARKED.labels(reason).inc())
 
 
 @cache

@@ -42,6 +42,7 @@ from tracon_jobs.runs.continuation import Continuations
 from tracon_jobs.runs.dispatch import RunDispatcher, Sender
 from tracon_jobs.runs.executor import Resilience, RunExecutor
 from tracon_jobs.runs.live import LiveRuns
+from tracon_jobs.runs.parking import Resumer
 from tracon_jobs.runs.reconcile import Reconciler
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore
@@ -237,7 +238,13 @@ class Runtime:
             cache=RedisResponseCache(self.redis),
             sleep=self.sleep,
             live_text=self.live_text,
+            resume_later=self.resumer.at,
         )
+
+    @cached_property
+    def resumer(self) -> Resumer:
+        """Sends this process's parked runs again when they may go on."""
+        return Resumer(self.runs, self.dispatcher)
 
     @cached_property
     def approval_store(self) -> ApprovalStore:

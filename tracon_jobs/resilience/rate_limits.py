@@ -31,7 +31,7 @@ import redis
 from tracon_jobs import metrics
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.coordination.scripts import Scripts
-from tracon_jobs.errors import ProviderError
+from tracon_jobs.errors import MustPark, ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,16 @@ class RateLimits:
                 found.append(Scope(name, limit))
         return found
 
-    def admit(self, provider: str, model: str, tokens: int, signal: AbortSignal) -> Admitted:
+    def admit(
+        self,
+        provider: str,
+        model: str,
+        tokens: int,
+        signal: AbortSignal,
+        park_after: float | None = None,
+    ) -> Admitted:
+        """Wait until the call may start; `MustPark` when it would wait longer than
+        `park_after` seconds (nothing is recorded then)."""
         scopes = self.scopes(provider, model)
         if not scopes:
             return NOT_LIMITED
@@ -254,6 +263,9 @@ class RateLimits:
             if wait_ms <= 0:
                 metrics.rate_limit_wait(provider, time.monotonic() - started, waited)
                 return Admitted(scopes, call_id)
+            if park_after is not None and wait_ms / 1000 > park_after:
+                metrics.rate_limit_wait(provider, time.monotonic() - started, waited)
+                raise MustPark("rate_limit", wait_ms / 1000)
             waited = True
             if signal.wait(min(wait_ms / 1000, MAX_WAIT_SLICE)):
                 metrics.rate_limit_wait(provider, time.monotonic() - started, waited)

@@ -57,6 +57,14 @@ class RunWaits(Exception):
         self.approval_ids = approval_ids
 
 
+class RunParks(Exception):
+    """The run was saved `Queued` to go on later (`RunParked`); the executor lets go of it."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"parked for {seconds:.1f}s")
+        self.seconds = seconds
+
+
 class LinkFailed(Exception):
     """A provider failure ended one link's loop."""
 

@@ -37,6 +37,7 @@ from tracon_jobs.db.models import Run
 from tracon_jobs.errors import (
     ClaimedElsewhere,
     ConfigurationError,
+    MustPark,
     ProviderError,
     RunCanceled,
     RunTakenAway,
@@ -84,6 +85,7 @@ from tracon_jobs.runs.execution import (
     LinkFailed,
     LinkRejected,
     RunFailure,
+    RunParks,
     RunWaits,
     chain_error,
     config_failure,
@@ -139,7 +141,9 @@ class RunExecutor:
         cache: ResponseCache | None = None,
         sleep: Sleep | None = None,
         live_text: LiveText | None = None,
+        resume_later: Callable[[str, float], None] | None = None,
     ) -> None:
+        self.resume_later = resume_later  # sends a parked run again when it may go on
         self.settings = settings
         self.runs = runs
         self.db = db
@@ -255,6 +259,8 @@ class RunExecutor:
             output = self._tool_loop(execution)
         except RunWaits:  # saved `Waiting` already: no final write, the thread is free
             return RunStatus.WAITING
+        except RunParks:  # saved `Queued` to go on later: no final write either
+            return RunStatus.QUEUED
         except RunFailure as failure:
             self._flush_spend(execution)
             if failure.blocked is not None:
@@ -454,7 +460,10 @@ class RunExecutor:
             self.runs.save_turn(ex.claim, messages, index)
         while index < self.settings.runs.max_turns:
             ex.ensure_live()
-            response = self._model_call(ex, link, admission, messages, index)
+            try:
+                response = self._model_call(ex, link, admission, messages, index)
+            except MustPark as park:
+                raise self._park(ex, park, messages, index) from None
             if not response.tool_calls:
                 stop_unless_repeated(ex, [])  # an answer without the in-flight call is a stop
                 return {"text": response.text or ""}
@@ -522,6 +531,10 @@ class RunExecutor:
         # a call not made (circuit open, run taken away) or failed hands its tokens back
         with ex.tree_budget().reservation(reserved) as reservation:
             ticket = admission.ticket()
+            try:  # before the call is started: a call parked waits in no event of its own
+                limited = self._rate_admitted(ex, link, request)
+            except ProviderError as exc:  # canceled while it waited
+                raise self._model_call_failed(ex, link, ticket, exc) from exc
             opened: dict[str, Any] = {"turn": index, **link.label()}
             if cap is not None:
                 opened["maxOutputTokens"] = cap
@@ -532,7 +545,6 @@ class RunExecutor:
                 return cached
             writer = self._turn_writer(ex, link.provider, started.seq)
             try:
-                limited = self._rate_admitted(ex, link, request)
                 with (
                     self.slots.hold(link.provider_name, ex.signal),
                     metrics.timed_model_call(link.provider_name, link.model),
@@ -570,13 +582,27 @@ class RunExecutor:
 
     def _rate_admitted(self, ex: Execution, link: Link, request: ModelRequest) -> Admitted:
         """Wait, if the provider's rate limits are spent, until the call may start (see
-        `resilience.rate_limits`); the call's tokens are its input and its `max_tokens`."""
+        `resilience.rate_limits`); the call's tokens are its input and its `max_tokens`.
+        `MustPark` when the wait would pass `Runs.ParkAfter`."""
         if not self.rate_limits.scopes(link.provider_name, link.model):
             return NOT_LIMITED
         tokens = estimate_tokens(request.messages) + (
             request.max_output_tokens or DEFAULT_OUTPUT_RESERVE
         )
-        return self.rate_limits.admit(link.provider_name, link.model, tokens, ex.signal)
+        park_after = self.settings.runs.park_after.total_seconds()
+        return self.rate_limits.admit(
+            link.provider_name, link.model, tokens, ex.signal, park_after=park_after
+        )
+
+    def _park(self, ex: Execution, park: MustPark, messages: list[Message], index: int) -> RunParks:
+        """Save the run `Queued` with its conversation, to go on in `park.seconds` (sent
+        again then by `resume_later`, or by the requeue scan after a crash)."""
+        self.runs.park(ex.claim, park.seconds, park.reason, messages, index)
+        metrics.run_parked(park.reason)
+        log.info("run %s parked for %.1fs: %s", ex.claim.run_id, park.seconds, park.reason)
+        if self.resume_later is not None:
+            self.resume_later(ex.claim.run_id, park.seconds)
+        return RunParks(park.seconds)
 
     def _turn_writer(self, ex: Execution, provider: Provider, call_seq: int) -> TurnWriter | None:
         """The live text of a streaming call (None: the provider does not stream, and the

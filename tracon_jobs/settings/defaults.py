@@ -195,6 +195,10 @@ BUFFERED_WAIT_TIMEOUT: Final = timedelta(minutes=10)
 MAX_TURNS: Final = 16
 """Model turns per run; stops a model that keeps calling tools forever."""
 
+PARK_AFTER: Final = timedelta(seconds=5)
+"""A model call that would wait longer than this for its provider's rate limits is parked:
+its run is queued again to go on once the limit has room, and its worker thread is free."""
+
 CANCEL_ON_DISCONNECT: Final = False
 """Whether a `/v1` streaming answer's run is canceled when its client goes away before the end.
 Off by default: the run is durable and its result stays readable at `/api/runs/{id}`."""

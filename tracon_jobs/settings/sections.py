@@ -330,6 +330,7 @@ class RunsSettings(ConfigModel):
     """Liveness of queued runs and limits of one run (tracon-jobs additions)."""
 
     requeue_after: PositiveDuration = defaults.REQUEUE_AFTER
+    park_after: PositiveDuration = defaults.PARK_AFTER
     buffered_wait_timeout: PositiveDuration = defaults.BUFFERED_WAIT_TIMEOUT
     max_turns: AtLeastOne = defaults.MAX_TURNS
     cancel_on_disconnect: Flag = defaults.CANCEL_ON_DISCONNECT

@@ -4,7 +4,7 @@ that continues its chain, canceled)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
@@ -12,14 +12,17 @@ from sqlalchemy.orm import Session
 
 from tracon_jobs.errors import RunTakenAway
 from tracon_jobs.runs.lifecycle import (
+    AnyClaim,
     Claim,
     RunError,
     RunStatus,
 )
 from tracon_jobs.runs.store.statements import (
+    _NOW,
     _OWNED,
     RUNS,
 )
+from tracon_jobs.runs.store.values import Event, iso
 from tracon_jobs.runs.store.writes import RunWrites
 
 
@@ -47,6 +50,45 @@ class WaitingRuns(RunWrites):
         ).scalar_one_or_none()
         if changed is None:
             raise RunTakenAway(f"run {claim.run_id} was taken away")
+
+    def park(
+        self,
+        claim: AnyClaim,
+        seconds: float,
+        reason: str,
+        messages: list[dict[str, Any]],
+        turns: int,
+    ) -> Event:
+        """`Running` -> `Queued` until `seconds` from now, with its conversation saved, and
+        `RunParked` (reason, until) in the same fenced transaction: the run lets go of its
+        owner and heartbeat (a parked run is no orphan). Whoever parks it sends it again at
+        that time; the requeue scan counts from it (`enqueued_at` is set to it), so a worker
+        that died meanwhile loses it for at most `Runs.RequeueAfter` more."""
+        claim = self._settle(claim)
+        with self.db.write() as session:
+            now = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
+            until = now + timedelta(seconds=seconds)
+            data = {"reason": reason, "until": iso(until), "turn": turns}
+            event = self.append_in(session, claim, "RunParked", data)
+            self._ending[claim.run_id] = claim.fence
+            changed = session.execute(
+                update(RUNS)
+                .where(RUNS.c.id == claim.run_id, *_OWNED)
+                .values(
+                    status=RunStatus.QUEUED.value,
+                    owner=None,
+                    heartbeat_at=None,
+                    enqueued_at=until,
+                    messages=messages,
+                    turns_completed=turns,
+                )
+                .returning(RUNS.c.id),
+                {"p_id": claim.run_id, "p_fence": claim.fence},
+            ).scalar_one_or_none()
+            if changed is None:
+                raise RunTakenAway(f"run {claim.run_id} was taken away")
+        self.publish(event)
+        return event
 
     def requeue_in(self, session: Session, run_id: str, waited_ms: int, now: datetime) -> bool:
         """`Waiting` -> `Queued` inside the caller's transaction (its last approval decided),

@@ -1,0 +1,153 @@
+"""Parked runs: a run whose next model call would wait past `Runs.ParkAfter` for its
+provider's rate limits is saved `Queued` with its conversation (`RunParked`), holds no
+worker thread, and goes on when the limit has room (`RunResumed`, a new claim, the saved
+turn); a parked run is canceled at once, and one whose process died is sent again by the
+requeue scan. The real openai client against the stub, real Redis and SQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from tests.helpers import MakeRuntime, ThreadWorker, scripted_agent, wait_until
+from tests.stub_provider import Reply, StubProvider, tool_call
+from tracon_jobs.runs.cancel import cancel_tree
+from tracon_jobs.runs.requeue import requeue_unclaimed
+from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runtime import Runtime
+
+WINDOW_MS = 1500  # the rules are those of 60 s windows, quicker
+
+
+def limited(stub: StubProvider, requests: int) -> dict[str, Any]:
+    config = scripted_agent([], ["lookup_order"])
+    config["Providers"] = {
+        "a": {"Kind": "openai", "BaseUrl": stub.base_url, "RequestsPerMinute": requests}
+    }
+    config["Agents"]["demo"]["Model"] = {"provider": "a", "model": "gpt-a"}
+    config["Runs"] = {"ParkAfter": "00:00:00.200"}
+    return config
+
+
+def started(runtime: Runtime, sender: Any = None) -> Runtime:
+    runtime.executor.rate_limits.window_ms = WINDOW_MS
+    if sender is not None:
+        runtime.send_runs_with(sender)
+    return runtime
+
+
+def submit(runtime: Runtime) -> str:
+    tenant = runtime.tenants.ensure_tenant("acme")
+    return runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "go"})).id
+
+
+def status(runtime: Runtime, run_id: str) -> str | None:
+    run = runtime.runs.get(run_id)
+    return None if run is None else run.status
+
+
+def types(runtime: Runtime, run_id: str) -> list[str]:
+    return [event.type for event in runtime.runs.events(run_id)]
+
+
+def test_a_run_over_the_rate_limit_parks_and_goes_on_from_its_saved_turn(
+    make_runtime: MakeRuntime,
+    sql_url: str,
+    stub_provider: StubProvider,
+    thread_worker: ThreadWorker,
+) -> None:
+    runtime = make_runtime(sql_url, **limited(stub_provider, requests=3))
+    started(runtime, thread_worker.sender(runtime))
+    # the first run takes two of the three calls a window, the second run one: its second
+    # turn is parked
+    stub_provider.enqueue(tool_call("lookup_order", {"order_id": "A-1"}), Reply("busy"))
+    busy = submit(runtime)
+    wait_until(lambda: status(runtime, busy) == "Completed", timeout=10, what="the first run")
+    stub_provider.enqueue(tool_call("lookup_order", {"order_id": "A-2"}), Reply("shipped"))
+
+    run_id = submit(runtime)
+
+    wait_until(lambda: "RunParked" in types(runtime, run_id), timeout=10, what="parked")
+    parked = runtime.runs.get(run_id)
+    assert parked is not None and parked.status == "Queued" and parked.owner is None
+    assert parked.heartbeat_at is None and parked.turns_completed == 1
+    wait_until(lambda: status(runtime, run_id) == "Completed", timeout=10, what="resumed")
+    done = runtime.runs.get(run_id)
+    assert done is not None and done.output == {"text": "shipped"}
+    seen = types(runtime, run_id)
+    assert seen.index("RunParked") < seen.index("RunResumed") < seen.index("RunCompleted")
+    assert seen.count("ToolCallStarted") == 1  # the saved turn is not done again
+    assert seen.count("RunStarted") == 2 and done.fence == 2
+    assert len(stub_provider.requests) == 4
+
+
+def test_a_thousand_calls_over_the_limit_hold_no_worker_thread(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    runtime = started(make_runtime(sql_url, **limited(stub_provider, requests=1)))
+    runtime.send_runs_with(lambda _run_id: None)  # sent again: nobody takes it here
+    stub_provider.enqueue(Reply("first"))
+    first = submit(runtime)
+    runtime.executor.execute(first)
+    runs = [submit(runtime) for _ in range(20)]
+    threads_before = threading.active_count()
+    began = time.monotonic()
+
+    outcomes = [runtime.executor.execute(run_id) for run_id in runs]
+
+    assert time.monotonic() - began < 5  # none of them waited out the window
+    assert outcomes == ["Queued"] * 20
+    assert threading.active_count() <= threads_before + 1  # the resumer's thread
+    assert runtime.resumer.pending() == 20
+    assert len(stub_provider.requests) == 1
+
+
+def test_a_parked_run_is_canceled_at_once_and_not_sent_again(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    runtime = started(make_runtime(sql_url, **limited(stub_provider, requests=1)))
+    sent: list[str] = []
+    runtime.send_runs_with(sent.append)
+    stub_provider.enqueue(Reply("first"))
+    runtime.executor.execute(submit(runtime))
+    run_id = submit(runtime)
+    assert runtime.executor.execute(run_id) == "Queued"
+    run = runtime.runs.get(run_id)
+    assert run is not None
+
+    cancel_tree(runtime.runs, runtime.cancel_bus, runtime.approval_store, run)
+
+    canceled = runtime.runs.get(run_id)
+    assert canceled is not None and canceled.status == "Canceled"
+    assert runtime.resumer.resume(run_id) is False
+    assert "RunResumed" not in types(runtime, run_id)
+
+
+def test_a_parked_run_whose_process_died_is_sent_by_the_requeue_scan(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    runtime = started(make_runtime(sql_url, **limited(stub_provider, requests=1)))
+    runtime.send_runs_with(lambda _run_id: None)
+    stub_provider.enqueue(Reply("first"))
+    runtime.executor.execute(submit(runtime))
+    run_id = submit(runtime)
+    assert runtime.executor.execute(run_id) == "Queued"
+    parked = runtime.runs.get(run_id)
+    assert parked is not None and parked.enqueued_at is not None
+    # (its process died: its resumer never sends it)
+    requeue_after = timedelta(seconds=1)
+
+    too_early = requeue_unclaimed(
+        runtime.runs, runtime.dispatcher, requeue_after, parked.enqueued_at
+    )
+    late = requeue_unclaimed(
+        runtime.runs,
+        runtime.dispatcher,
+        requeue_after,
+        parked.enqueued_at + requeue_after + timedelta(seconds=1),
+    )
+
+    assert run_id not in too_early.resent  # not before the time it was parked for
+    assert run_id in late.resent
