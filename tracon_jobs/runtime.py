@@ -32,6 +32,7 @@ from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
 from tracon_jobs.limits.budget_store import RedisBudgetStore
 from tracon_jobs.limits.quota_store import RedisQuotaStore
 from tracon_jobs.limits.tenant_quotas import Quotas
+from tracon_jobs.limits.tenant_runs import RedisTenantRunStore, TenantRuns
 from tracon_jobs.providers.registry import ProviderRegistry
 from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisBreakerStore
 from tracon_jobs.resilience.cache import RedisResponseCache
@@ -239,6 +240,9 @@ class Runtime:
             sleep=self.sleep,
             live_text=self.live_text,
             resume_later=self.resumer.at,
+            tenant_runs=TenantRuns(
+                RedisTenantRunStore(self.redis), self.settings.tenants.max_concurrent_runs
+            ),
         )
 
     @cached_property

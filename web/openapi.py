@@ -392,6 +392,11 @@ QUOTA_SCHEMA: dict[str, Any] = {
         "left": {"type": ["number", "null"]},
         "resetsAt": TIMESTAMP,
         "currency": {"type": "string"},
+        "maxConcurrentRuns": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "description": "most of the tenant's runs executing at once (null: no limit)",
+        },
     },
 }
 STATISTICS_SCHEMA: dict[str, Any] = {

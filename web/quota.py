@@ -34,6 +34,7 @@ def quota() -> Response:
             "left": _amount(left),
             "resetsAt": f"{usage.window.end:%Y-%m-%dT%H:%M:%SZ}",
             "currency": rt.settings.pricing.currency,
+            "maxConcurrentRuns": rt.settings.tenants.max_concurrent_runs,
         }
     )
 

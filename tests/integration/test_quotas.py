@@ -343,6 +343,7 @@ def test_get_quota_shows_the_period_limit_use_and_reset(
         "left": None,
         "resetsAt": f"{window_of('day').end:%Y-%m-%dT%H:%M:%SZ}",
         "currency": "USD",
+        "maxConcurrentRuns": None,
     }
 
     web_runtime.quotas.set_quota(acme, "month", Decimal("1.5"))

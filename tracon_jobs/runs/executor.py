@@ -44,6 +44,7 @@ from tracon_jobs.errors import (
 )
 from tracon_jobs.limits.budget_store import BudgetStore, Limits
 from tracon_jobs.limits.tenant_quotas import OwnQuota, Quotas
+from tracon_jobs.limits.tenant_runs import MemoryTenantRunStore, TenantRuns
 from tracon_jobs.limits.tree import (
     DEFAULT_OUTPUT_RESERVE,
     ChainUnreadable,
@@ -141,9 +142,11 @@ class RunExecutor:
         cache: ResponseCache | None = None,
         sleep: Sleep | None = None,
         live_text: LiveText | None = None,
-        resume_later: Callable[[str, float], None] | None = None,
+        resume_later: Callable[[str, float, str], None] | None = None,
+        tenant_runs: TenantRuns | None = None,
     ) -> None:
         self.resume_later = resume_later  # sends a parked run again when it may go on
+        self.tenant_runs = tenant_runs or TenantRuns(MemoryTenantRunStore(), None)
         self.settings = settings
         self.runs = runs
         self.db = db
@@ -183,6 +186,12 @@ class RunExecutor:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
             return "dropped"
         claim, run, own_quota = claimed
+        if not self.tenant_runs.admit(run.tenant_id, run_id):  # nothing written: it waits
+            self.runs.let_go(claim)
+            metrics.run_parked("tenant_concurrency")
+            log.info("run %s waits: its tenant runs its most at once", run_id)
+            return "waiting_for_tenant"
+        elsewhere = False
         try:  # the claim commits with the first model call's `ModelCallStarted` (`open_claim`)
             # Redis calls nobody waits for (a spend, a success) go with the next call on the
             # same client, at the latest with the final event's publish: one round trip
@@ -190,9 +199,25 @@ class RunExecutor:
                 return self._execute_claimed(claim, run, own_quota)
         except ClaimedElsewhere:  # a duplicate delivery that lost the race: nothing ran here
             log.info("run %s was claimed by another worker first; delivery dropped", run_id)
+            elsewhere = True  # its place is the claiming worker's now
             return "dropped"
         finally:
             self.runs.let_go(claim)
+            if not elsewhere:
+                self._give_back_place(run.tenant_id, run_id)
+
+    def _give_back_place(self, tenant_id: str, run_id: str) -> None:
+        """The run lets go of its tenant's place: the runs given places are sent again (one
+        that no longer waits, canceled meanwhile, passes its place on)."""
+        given = self.tenant_runs.release(tenant_id, run_id)
+        while given:
+            next_id = given.pop(0)
+            waiting = self.runs.get(next_id)
+            if waiting is not None and waiting.status == RunStatus.QUEUED.value:
+                if self.resume_later is not None:
+                    self.resume_later(next_id, 0, "tenant_concurrency")
+            else:
+                given += self.tenant_runs.release(tenant_id, next_id)
 
     def _execute_claimed(self, claim: AnyClaim, run: Run, own_quota: OwnQuota | None = None) -> str:
         run_id = claim.run_id
@@ -511,6 +536,7 @@ class RunExecutor:
         index: int,
     ) -> ModelResponse:
         binding = ex.agent.model
+        self.tenant_runs.renew(ex.run.tenant_id, ex.run.id)
         request = ModelRequest(
             model=link.model,
             messages=messages,
@@ -601,7 +627,7 @@ class RunExecutor:
         metrics.run_parked(park.reason)
         log.info("run %s parked for %.1fs: %s", ex.claim.run_id, park.seconds, park.reason)
         if self.resume_later is not None:
-            self.resume_later(ex.claim.run_id, park.seconds)
+            self.resume_later(ex.claim.run_id, park.seconds, "parked")
         return RunParks(park.seconds)
 
     def _turn_writer(self, ex: Execution, provider: Provider, call_seq: int) -> TurnWriter | None:

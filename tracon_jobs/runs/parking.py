@@ -31,17 +31,17 @@ class Resumer:
         self.runs = runs
         self.dispatcher = dispatcher
         self._cond = threading.Condition()
-        self._due: list[tuple[float, str]] = []
+        self._due: list[tuple[float, str, str]] = []
         self._pid: int | None = None
 
-    def at(self, run_id: str, seconds: float) -> None:
-        """Send run `run_id` again in `seconds`."""
+    def at(self, run_id: str, seconds: float, after: str = "parked") -> None:
+        """Send run `run_id` again in `seconds`; `after`: what it waited for (`RunResumed`)."""
         with self._cond:
             if self._pid != os.getpid():  # first use in this process (a fork has no thread)
                 self._pid = os.getpid()
                 self._due = []
                 threading.Thread(target=self._run, name="parked-runs", daemon=True).start()
-            heapq.heappush(self._due, (time.monotonic() + seconds, run_id))
+            heapq.heappush(self._due, (time.monotonic() + seconds, run_id, after))
             self._cond.notify()
 
     def pending(self) -> int:
@@ -54,16 +54,16 @@ class Resumer:
                 while not self._due or self._due[0][0] > time.monotonic():
                     timeout = None if not self._due else self._due[0][0] - time.monotonic()
                     self._cond.wait(timeout)
-                _, run_id = heapq.heappop(self._due)
+                _, run_id, after = heapq.heappop(self._due)
             try:
-                self.resume(run_id)
+                self.resume(run_id, after)
             except Exception:  # the requeue scan sends it instead
                 log.exception("parked run %s not sent again", run_id)
 
-    def resume(self, run_id: str) -> bool:
+    def resume(self, run_id: str, after: str = "parked") -> bool:
         """`RunResumed`, then the run's message; False when it no longer waits to go on."""
         run = self.runs.get(run_id)
         if run is None or run.status != RunStatus.QUEUED.value:
             return False
-        self.runs.append(None, "RunResumed", {"after": "parked"}, run_id=run_id)
+        self.runs.append(None, "RunResumed", {"after": after}, run_id=run_id)
         return self.dispatcher.resend(run_id)

@@ -324,6 +324,12 @@ class TenantsSettings(ConfigModel):
         default_factory=QuotaSettings,
         description="The quota of every tenant without its own (none by default).",
     )
+    max_concurrent_runs: AtLeastOne | None = Field(
+        None,
+        description="Most runs of one tenant executing at once, across the cluster; the "
+        "tenant's other runs stay `Queued`, holding no worker thread, and start in order as "
+        "its runs end (null: no limit).",
+    )
 
 
 class RunsSettings(ConfigModel):
