@@ -1,10 +1,12 @@
-"""One timer thread per process: callbacks due at a time, cancelable.
+"""Timer threads: callbacks due at a time, cancelable, one thread for many.
 
 Deadlines are set on every streaming model call and tool attempt (`AbortSignal.child`); a
 `threading.Timer` each would start a thread per deadline. Here one thread keeps them in a
-heap and runs each callback when it is due. A callback must be quick and do no IO of its
-own (it sets a flag, wakes a waiter, closes a socket): every later deadline waits for it. A
-forked child starts its own.
+heap and runs each callback when it is due. `timers()` is the process's thread for
+deadlines: a callback there must be quick and do no IO of its own (it sets a flag, wakes a
+waiter, closes a socket), since every later deadline waits for it. Work that talks to Redis
+or SQL when due (a streaming call's quiet text, a parked run sent again) has a thread of its
+own: `timers("<name>")`. A forked child starts its own threads.
 """
 
 from __future__ import annotations
@@ -40,10 +42,15 @@ class Timer:
 class Timers:
     """The heap and its thread (see the module's docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "timers") -> None:
         self._cond = threading.Condition()
         self._due: list[Timer] = []
-        threading.Thread(target=self._run, name="timers", daemon=True).start()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def pending(self) -> int:
+        """Callbacks still to run (the canceled ones left out)."""
+        with self._cond:
+            return sum(not timer.cancelled for timer in self._due)
 
     def at(self, when: float, callback: Callable[[], None]) -> Timer:
         timer = Timer(when, callback)
@@ -73,19 +80,19 @@ class Timers:
 
 
 _lock = threading.Lock()
-_instance: tuple[int, Timers] | None = None
+_instances: dict[str, tuple[int, Timers]] = {}
 
 
-def timers() -> Timers:
-    """This process's timers, started on first use (after any fork)."""
-    global _instance
-    found = _instance
+def timers(name: str = "timers") -> Timers:
+    """This process's timer thread of that name, started on first use (after any fork)."""
+    found = _instances.get(name)
     if found is not None and found[0] == os.getpid():
         return found[1]
     with _lock:
-        if _instance is None or _instance[0] != os.getpid():
-            _instance = (os.getpid(), Timers())
-        return _instance[1]
+        found = _instances.get(name)
+        if found is None or found[0] != os.getpid():
+            found = _instances[name] = (os.getpid(), Timers(name))
+        return found[1]
 
 
 def _new_lock_after_fork() -> None:

@@ -92,15 +92,17 @@ def test_a_thousand_calls_over_the_limit_hold_no_worker_thread(
     first = submit(runtime)
     runtime.executor.execute(first)
     runs = [submit(runtime) for _ in range(20)]
-    threads_before = threading.active_count()
+    threads_before = {thread.ident for thread in threading.enumerate()}
+    pending_before = runtime.resumer.pending()
     began = time.monotonic()
 
     outcomes = [runtime.executor.execute(run_id) for run_id in runs]
 
     assert time.monotonic() - began < 5  # none of them waited out the window
     assert outcomes == ["Queued"] * 20
-    assert threading.active_count() <= threads_before + 1  # the resumer's thread
-    assert runtime.resumer.pending() == 20
+    new_threads = [t.name for t in threading.enumerate() if t.ident not in threads_before]
+    assert set(new_threads) <= {"parked-runs", "timers"}  # no thread a run, none waiting
+    assert runtime.resumer.pending() == pending_before + 20
     assert len(stub_provider.requests) == 1
 
 

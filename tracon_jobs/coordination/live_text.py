@@ -20,10 +20,8 @@ thread per process when a call goes quiet.
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +32,7 @@ import redis
 
 from tracon_jobs.coordination.event_feed import Listening, RedisListener, Resync
 from tracon_jobs.coordination.scripts import Scripts
+from tracon_jobs.timers import timers
 
 log = logging.getLogger(__name__)
 
@@ -255,10 +254,10 @@ class TurnWriter:
                 return
             schedule = len(self._pending) == 1
         if schedule:
-            _flusher().at(due, self)
+            timers("live-text-flusher").at(due, self.flush_due)
 
     def flush_due(self) -> None:
-        """From the flusher thread: publish what waits, if it still does."""
+        """From the flusher's thread: publish what waits, if it still does."""
         with self._lock:
             if self._pending and not self._closed:
                 self._send_locked(time.monotonic())
@@ -292,55 +291,3 @@ class TurnWriter:
         self.sent_any = True
         self.published += 1
         self.live.append(self.run_id, self.call_seq, text)  # under the lock: in order
-
-
-class _Flusher:
-    """One thread per process that publishes the waiting text of calls gone quiet."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._due: list[tuple[float, int, TurnWriter]] = []
-        self._count = 0
-        threading.Thread(target=self._run, name="live-text-flusher", daemon=True).start()
-
-    def at(self, when: float, writer: TurnWriter) -> None:
-        with self._cond:
-            self._count += 1
-            heapq.heappush(self._due, (when, self._count, writer))
-            if self._due[0][2] is writer:
-                self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    timeout = None if not self._due else self._due[0][0] - time.monotonic()
-                    self._cond.wait(timeout)
-                _, _, writer = heapq.heappop(self._due)
-            try:
-                writer.flush_due()
-            except Exception:
-                log.exception("live text flush failed")
-
-
-_flusher_lock = threading.Lock()
-_flusher_instance: tuple[int, _Flusher] | None = None
-
-
-def _flusher() -> _Flusher:
-    global _flusher_instance
-    found = _flusher_instance
-    if found is not None and found[0] == os.getpid():
-        return found[1]
-    with _flusher_lock:
-        if _flusher_instance is None or _flusher_instance[0] != os.getpid():
-            _flusher_instance = (os.getpid(), _Flusher())
-        return _flusher_instance[1]
-
-
-def _new_lock_after_fork() -> None:
-    global _flusher_lock
-    _flusher_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_lock_after_fork)
