@@ -557,15 +557,17 @@ class RunExecutor:
         # a call not made (circuit open, run taken away) or failed hands its tokens back
         with ex.tree_budget().reservation(reserved) as reservation:
             ticket = admission.ticket()
+            cache_key, cached = self._cached(ex, link, request)
+            limited = NOT_LIMITED  # a cached answer calls nobody: no rate limit holds it
             try:  # before the call is started: a call parked waits in no event of its own
-                limited = self._rate_admitted(ex, link, request)
+                if cached is None:
+                    limited = self._rate_admitted(ex, link, request)
             except ProviderError as exc:  # canceled while it waited
                 raise self._model_call_failed(ex, link, ticket, exc) from exc
             opened: dict[str, Any] = {"turn": index, **link.label()}
             if cap is not None:
                 opened["maxOutputTokens"] = cap
             started = self.runs.append(ex.claim, "ModelCallStarted", opened)
-            cache_key, cached = self._cached(ex, link, request)
             if cached is not None:
                 self._record_spend(ex, link, cached, index, reservation, cached=True)
                 return cached
