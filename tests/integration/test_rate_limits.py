@@ -239,3 +239,18 @@ def test_a_provider_without_limits_makes_no_rate_limit_call(
     started = time.monotonic()
     assert run_once(runtime).status == "Completed"
     assert time.monotonic() - started < 2  # nothing learned where nothing is limited
+
+
+def test_a_cached_answer_takes_no_place_in_the_rate_limit(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    config = limited_agent(stub_provider, RequestsPerMinute=1)
+    config["Agents"]["demo"]["Cache"] = {"Enabled": True, "Ttl": "00:10:00"}
+    runtime = make_runtime(sql_url, **config)
+    assert run_once(runtime).status == "Completed"
+    started = time.monotonic()
+
+    again = run_once(runtime)  # the same request: answered from the cache
+
+    assert again.status == "Completed" and time.monotonic() - started < 2
+    assert len(stub_provider.requests) == 1
