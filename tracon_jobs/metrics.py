@@ -295,7 +295,9 @@ class StateCollector(Collector):
         slots: Callable[[], Iterable[tuple[str, int | None, int, int]]] | None = None,
         leases: Callable[[], Iterable[tuple[str, str | None]]] | None = None,
         draining: Callable[[], bool] | None = None,
+        rates: Callable[[], Iterable[tuple[str, str, int, int, float]]] | None = None,
     ) -> None:
+        self.rates = rates  # (scope, "requests" | "tokens", limit, used, seconds held)
         self.db = db
         self.circuits = circuits  # (provider, state, consecutive failures)
         self.slots = slots  # (provider, limit, in use, waiting)
@@ -312,7 +314,7 @@ class StateCollector(Collector):
         except Exception:
             log.warning("metrics: SQL did not answer", exc_info=True)
             up.add_metric(["sql"], 0.0)
-        if self.circuits or self.slots or self.leases:
+        if self.circuits or self.slots or self.leases or self.rates:
             try:
                 yield from self._redis()
                 up.add_metric(["redis"], 1.0)
@@ -385,7 +387,37 @@ class StateCollector(Collector):
             by_state.add_metric([state], float(found.get(state, 0)))
         yield by_state
 
+    def _rates(self) -> Iterator[Any]:
+        assert self.rates is not None
+        limit = GaugeMetricFamily(
+            "tracon_rate_limit",
+            "A provider's (or model's) rate limit a minute, by kind (cluster-wide)",
+            labels=["scope", "kind"],
+        )
+        used = GaugeMetricFamily(
+            "tracon_rate_limit_used",
+            "What the last 60 s of starts took of it (from Redis)",
+            labels=["scope", "kind"],
+        )
+        held = GaugeMetricFamily(
+            "tracon_rate_limit_held_seconds",
+            "Seconds the provider's own word (Retry-After, rate-limit headers) still holds calls",
+            labels=["scope"],
+        )
+        seen: set[str] = set()
+        for scope, kind, most, taken, seconds in self.rates():
+            limit.add_metric([scope, kind], float(most))
+            used.add_metric([scope, kind], float(taken))
+            if scope not in seen:
+                seen.add(scope)
+                held.add_metric([scope], seconds)
+        yield limit
+        yield used
+        yield held
+
     def _redis(self) -> Iterator[Any]:
+        if self.rates is not None:
+            yield from self._rates()
         if self.circuits is not None:
             state = GaugeMetricFamily(
                 "tracon_circuit_state",

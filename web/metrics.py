@@ -136,6 +136,31 @@ def state_collector(runtime: Runtime, draining: Callable[[], bool]) -> StateColl
         for lease in LEASES:
             yield lease, store.owner_of(lease)
 
+    def rates() -> Iterator[tuple[str, str, int, int, float]]:
+        for provider in providers:
+            for usage in runtime.rate_limits.usage(provider):
+                if usage.limit.requests is not None:
+                    yield (
+                        usage.scope,
+                        "requests",
+                        usage.limit.requests,
+                        usage.requests,
+                        usage.blocked_seconds,
+                    )
+                if usage.limit.tokens is not None:
+                    yield (
+                        usage.scope,
+                        "tokens",
+                        usage.limit.tokens,
+                        usage.tokens,
+                        usage.blocked_seconds,
+                    )
+
     return StateCollector(
-        runtime.db, circuits=circuits, slots=slots, leases=leases, draining=draining
+        runtime.db,
+        circuits=circuits,
+        slots=slots,
+        leases=leases,
+        draining=draining,
+        rates=rates if runtime.rate_limits.limits else None,
     )

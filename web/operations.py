@@ -21,7 +21,7 @@ require_tenant(bp)
 def circuits() -> Response:
     try:
         rt = runtime()
-        items = circuits_view(rt.breaker, rt.slots, rt.settings.providers)
+        items = circuits_view(rt.breaker, rt.slots, rt.settings.providers, rt.rate_limits)
         return jsonify({"enabled": rt.breaker.enabled, "items": items})
     except redis.RedisError as exc:
         raise Problem(

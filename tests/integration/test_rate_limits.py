@@ -14,6 +14,7 @@ import redis
 from tests.helpers import MakeRuntime, run_once, scripted_agent
 from tests.stub_provider import Reply, StubProvider, error
 from tracon_jobs.abort import AbortSignal
+from tracon_jobs.cli.operations import rate_line
 from tracon_jobs.errors import ProviderError
 from tracon_jobs.providers.rate_headers import (
     exhausted_for,
@@ -28,6 +29,7 @@ from tracon_jobs.resilience.rate_limits import (
     RedisRateStore,
     Scope,
 )
+from web import create_app
 
 WINDOW = 1000  # ms: the rules do not depend on the window's length (60 s in production)
 
@@ -254,3 +256,35 @@ def test_a_cached_answer_takes_no_place_in_the_rate_limit(
 
     assert again.status == "Completed" and time.monotonic() - started < 2
     assert len(stub_provider.requests) == 1
+
+
+def test_the_circuits_route_metrics_and_cli_show_each_limits_window(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    config = limited_agent(stub_provider, RequestsPerMinute=5, TokensPerMinute=10_000)
+    config["Providers"]["a"]["Models"] = {"gpt-a": {"RequestsPerMinute": 3}}
+    runtime = make_runtime(sql_url, **config)
+    stub_provider.enqueue(Reply("ok", input_tokens=10, output_tokens=5))
+    assert run_once(runtime).status == "Completed"
+    runtime.rate_limits.learn("a", "gpt-a", 30)
+    http = create_app(runtime, {"TESTING": True}).test_client()
+    key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
+
+    body = http.get("/api/circuits", headers={"Authorization": f"Bearer {key}"}).get_json()
+
+    [item] = [i for i in body["items"] if i["provider"] == "a"]
+    provider, model = item["rateLimits"]
+    assert {k: provider[k] for k in provider if k != "blockedFor"} == {
+        "scope": "a",
+        "requestsPerMinute": 5,
+        "requests": 1,
+        "tokensPerMinute": 10_000,
+        "tokens": 15,  # the answer's usage, in place of what the call reserved
+    }
+    assert 28 < provider["blockedFor"] <= 30 and 28 < model["blockedFor"] <= 30
+    assert (model["scope"], model["requests"], model["requestsPerMinute"]) == ("a/gpt-a", 1, 3)
+    assert rate_line(model).startswith("a/gpt-a requests 1/3 held by the provider for ")
+    text = http.get("/metrics").get_data(as_text=True)
+    assert 'tracon_rate_limit_used{kind="requests",scope="a"} 1.0' in text
+    assert 'tracon_rate_limit_used{kind="tokens",scope="a"} 15.0' in text
+    assert 'tracon_rate_limit{kind="requests",scope="a/gpt-a"} 3.0' in text

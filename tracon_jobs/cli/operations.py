@@ -8,7 +8,7 @@ import argparse
 import json
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.cli.context import CommandError, load_runtime
 from tracon_jobs.drain_file import clear_web_drain, drain_file, start_web_drain
@@ -45,7 +45,9 @@ def cmd_drain(args: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_circuits(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = load_runtime()
-    views = circuits_view(runtime.breaker, runtime.slots, runtime.settings.providers)
+    views = circuits_view(
+        runtime.breaker, runtime.slots, runtime.settings.providers, runtime.rate_limits
+    )
     print(f"{'provider':<20} {'state':<10} {'failures':>8} {'retry after':>12} {'slots':>12}")
     for view in views:
         retry = f"{view['retryAfter']:.1f}s" if view["retryAfter"] else "-"
@@ -55,7 +57,21 @@ def cmd_circuits(args: argparse.Namespace, rest: list[str]) -> int:
             f"{view['provider']:<20} {view['state']:<10} {view['consecutiveFailures']:>8} "
             f"{retry:>12} {used:>12}"
         )
+        for rate in view["rateLimits"]:
+            print(f"  rate {rate_line(rate)}")
     return 0
+
+
+def rate_line(rate: dict[str, Any]) -> str:
+    """One limited scope's window: `openai/gpt-4o requests 12/60 tokens 3400/200000`."""
+    parts = [rate["scope"]]
+    if rate["requestsPerMinute"] is not None:
+        parts.append(f"requests {rate['requests']}/{rate['requestsPerMinute']}")
+    if rate["tokensPerMinute"] is not None:
+        parts.append(f"tokens {rate['tokens']}/{rate['tokensPerMinute']}")
+    if rate["blockedFor"]:
+        parts.append(f"held by the provider for {rate['blockedFor']:.1f}s")
+    return " ".join(parts) + " a minute"
 
 
 def cmd_tenants_create(args: argparse.Namespace, rest: list[str]) -> int:

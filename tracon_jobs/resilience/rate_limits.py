@@ -79,6 +79,31 @@ class RateStore(Protocol):
         """No call of `scope` starts for `ms` (a later block wins)."""
         ...
 
+    def usage(self, scope: str, window_ms: int) -> tuple[int, int, int]:
+        """(starts in the window, their tokens, ms the provider's word still holds)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RateUsage:
+    """A limit's window now: what `GET /api/circuits` and `/metrics` show."""
+
+    scope: str
+    limit: RateLimit
+    requests: int
+    tokens: int
+    blocked_seconds: float
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "scope": self.scope,
+            "requestsPerMinute": self.limit.requests,
+            "requests": self.requests,
+            "tokensPerMinute": self.limit.tokens,
+            "tokens": self.tokens,
+            "blockedFor": self.blocked_seconds or None,
+        }
+
 
 class RedisRateStore:
     def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
@@ -103,6 +128,10 @@ class RedisRateStore:
 
     def block(self, scope: str, ms: int) -> None:
         self.scripts("rate_block", [self.keys(scope)[2]], [ms])
+
+    def usage(self, scope: str, window_ms: int) -> tuple[int, int, int]:
+        starts, tokens, blocked = self.scripts("rate_usage", self.keys(scope), [window_ms])
+        return int(starts), int(tokens), int(blocked)
 
 
 @dataclass
@@ -152,6 +181,14 @@ class MemoryRateStore:
         with self._lock:
             window = self._windows.setdefault(scope, _Window())
             window.blocked_until = max(window.blocked_until, self._now() + ms)
+
+    def usage(self, scope: str, window_ms: int) -> tuple[int, int, int]:
+        with self._lock:
+            window = self._windows.setdefault(scope, _Window())
+            now = self._now()
+            _wait_under(window, RateLimit(), 0, now, window_ms)  # drops what left the window
+            blocked = max(window.blocked_until - now, 0)
+            return len(window.starts), sum(window.tokens.values()), blocked
 
 
 def _wait_under(window: _Window, limit: RateLimit, need: int, now: int, window_ms: int) -> int:
@@ -274,6 +311,15 @@ class RateLimits:
                     provider=provider,
                     kind="cancelled",
                 )
+
+    def usage(self, provider: str) -> list[RateUsage]:
+        """The provider's limits now (its own, then its models'); RedisError propagates."""
+        found = []
+        for name, limit in sorted(self.limits.items()):
+            if name == provider or name.startswith(f"{provider}/"):
+                requests, tokens, blocked = self.store.usage(name, self.window_ms)
+                found.append(RateUsage(name, limit, requests, tokens, blocked / 1000))
+        return found
 
     def used(self, admitted: Admitted, tokens: int) -> None:
         if not admitted.scopes:

@@ -183,7 +183,7 @@ def decide(approval_id: str) -> ResponseReturnValue:
 def circuits() -> tuple[str, int] | str:
     rt = runtime()
     try:
-        items = circuits_view(rt.breaker, rt.slots, rt.settings.providers)
+        items = circuits_view(rt.breaker, rt.slots, rt.settings.providers, rt.rate_limits)
     except redis.RedisError as exc:
         error = f"The circuit store (Redis) does not answer: {exc}"
         return render_template("console/circuits.html", items=[], error=error), 503
