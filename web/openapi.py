@@ -434,6 +434,22 @@ CIRCUITS_SCHEMA: dict[str, Any] = {
                     "retryAfter": {"type": ["number", "null"]},
                     "probesInFlight": {"type": "integer"},
                     "slots": {"type": "object"},
+                    "rateLimits": {
+                        "type": "array",
+                        "description": "each limited scope's window: the provider's, its models'",
+                        "items": {
+                            "type": "object",
+                            "required": ["scope", "requests", "tokens", "blockedFor"],
+                            "properties": {
+                                "scope": {"type": "string"},
+                                "requestsPerMinute": {"type": ["integer", "null"]},
+                                "requests": {"type": "integer", "minimum": 0},
+                                "tokensPerMinute": {"type": ["integer", "null"]},
+                                "tokens": {"type": "integer"},
+                                "blockedFor": {"type": ["number", "null"]},
+                            },
+                        },
+                    },
                 },
             },
         },
