@@ -89,6 +89,18 @@ class TenantStore:
                 self._names[tenant_id] = name
         return name
 
+    def max_concurrent_runs(self, tenant_id: str) -> int | None:
+        """The tenant's own most runs at once (None: `Tenants.MaxConcurrentRuns` holds)."""
+        with self.db.read() as session:
+            return session.scalar(select(Tenant.max_concurrent_runs).where(Tenant.id == tenant_id))
+
+    def set_max_concurrent_runs(self, tenant_id: str, limit: int | None) -> None:
+        """Give the tenant a limit of its own, or (None) return it to the default."""
+        with self.db.write() as session:
+            tenant = session.get(Tenant, tenant_id)
+            assert tenant is not None
+            tenant.max_concurrent_runs = limit
+
     def find_tenant(self, name_or_id: str) -> str | None:
         query = select(Tenant.id).where((Tenant.name == name_or_id) | (Tenant.id == name_or_id))
         with self.db.read() as session:

@@ -11,6 +11,7 @@ from decimal import Decimal
 from flask import Blueprint, Response, g, jsonify, request
 
 from tracon_jobs.limits.quota_store import utc_now, window_of
+from tracon_jobs.runtime import Runtime
 from web.auth import require_tenant, tenant_id
 from web.extensions import runtime
 from web.idempotency import before_new_work
@@ -34,9 +35,15 @@ def quota() -> Response:
             "left": _amount(left),
             "resetsAt": f"{usage.window.end:%Y-%m-%dT%H:%M:%SZ}",
             "currency": rt.settings.pricing.currency,
-            "maxConcurrentRuns": rt.settings.tenants.max_concurrent_runs,
+            "maxConcurrentRuns": max_concurrent_runs(rt, tenant_id()),
         }
     )
+
+
+def max_concurrent_runs(rt: Runtime, tenant: str) -> int | None:
+    """The tenant's own limit, else `Tenants.MaxConcurrentRuns`."""
+    own = rt.tenants.max_concurrent_runs(tenant)
+    return own if own is not None else rt.settings.tenants.max_concurrent_runs
 
 
 def _amount(value: Decimal | None) -> float | None:

@@ -5,7 +5,10 @@ write), in order, while another tenant's runs go on; each starts as the tenant's
 from __future__ import annotations
 
 import itertools
+import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +16,7 @@ import redis
 
 from tests.helpers import MakeRuntime, ThreadWorker, scripted_agent, wait_until
 from tests.stub_provider import StubProvider, hang
+from tracon_jobs.cli import main
 from tracon_jobs.limits.tenant_runs import (
     MemoryTenantRunStore,
     RedisTenantRunStore,
@@ -122,3 +126,62 @@ def test_without_a_limit_no_run_waits(
     del config["Tenants"]
     runtime = make_runtime(sql_url, **config)
     assert runtime.executor.tenant_runs.limit is None
+
+
+def test_a_tenants_own_limit_holds_over_the_default(
+    make_runtime: MakeRuntime,
+    sql_url: str,
+    stub_provider: StubProvider,
+    thread_worker: ThreadWorker,
+) -> None:
+    config = limited(stub_provider, max_runs=1)
+    del config["Tenants"]  # no default: only acme's own limit holds
+    runtime = make_runtime(sql_url, **config)
+    runtime.send_runs_with(thread_worker.sender(runtime))
+    acme = runtime.tenants.ensure_tenant("acme")
+    runtime.tenants.set_max_concurrent_runs(acme, 1)
+    stub_provider.default = hang(0.3)
+
+    busy = [submit(runtime, "acme") for _ in range(2)]
+    free = [submit(runtime, "globex") for _ in range(2)]
+
+    def done(run_id: str) -> bool:
+        run = runtime.runs.get(run_id)
+        return run is not None and run.status == "Completed"
+
+    wait_until(lambda: all(done(r) for r in busy + free), timeout=10, what="every run")
+    resumed = [e for run_id in busy for e in runtime.runs.events(run_id) if e.type == "RunResumed"]
+    assert len(resumed) == 1  # one of acme's waited for the other
+    assert not any(e.type == "RunResumed" for r in free for e in runtime.runs.events(r))
+    assert stub_provider.peak_in_progress == 3  # globex's two and one of acme's
+
+
+def test_tenants_concurrency_sets_shows_and_clears(
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    redis_url: str,
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith("TRACON"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    config: dict[str, Any] = {"Tenants": {"MaxConcurrentRuns": 4}}
+    path = write_config(Database={"Url": sqlite_url}, Redis={"Url": redis_url}, **config)
+    monkeypatch.setenv("TRACON_CONFIG", str(path))
+    runtime = make_runtime(sqlite_url, **config)
+    acme = runtime.tenants.ensure_tenant("acme")
+
+    assert main(["tenants", "concurrency", "acme"]) == 0
+    assert "4 runs at once (Tenants.MaxConcurrentRuns)" in capsys.readouterr().out
+    assert main(["tenants", "concurrency", "acme", "2"]) == 0
+    assert "2 runs at once (own)" in capsys.readouterr().out
+    assert runtime.tenants.max_concurrent_runs(acme) == 2
+    assert main(["tenants", "concurrency", "acme", "--clear"]) == 0
+    assert runtime.tenants.max_concurrent_runs(acme) is None
+    with pytest.raises(SystemExit):
+        main(["tenants", "concurrency", "acme", "0"])
+    assert main(["tenants", "concurrency", "acme", "3", "--clear"]) != 0

@@ -84,6 +84,17 @@ def cmd_tenants_create(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def positive_int(raw: str) -> int:
+    """A limit: a whole number of at least 1."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {raw!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {raw})")
+    return value
+
+
 def cost_limit(raw: str) -> Decimal | None:
     """`--cost-limit`: a non-negative amount, or `none` for no quota."""
     if raw.strip().lower() in ("none", "null"):
@@ -125,6 +136,23 @@ def cmd_tenants_quota(args: argparse.Namespace, rest: list[str]) -> int:
         + ("" if left is None else f", left {left:.6f} {currency}")
         + f"; resets at {usage.window.end:%Y-%m-%dT%H:%M:%SZ}"
     )
+    return 0
+
+
+def cmd_tenants_concurrency(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant)
+    tenants = runtime.tenants
+    if args.clear and args.limit is not None:
+        raise CommandError("--clear takes no limit")
+    if args.clear or args.limit is not None:
+        tenants.set_max_concurrent_runs(tenant_id, args.limit)
+    own = tenants.max_concurrent_runs(tenant_id)
+    default = runtime.settings.tenants.max_concurrent_runs
+    limit = own if own is not None else default
+    source = "own" if own is not None else "Tenants.MaxConcurrentRuns"
+    shown = "no limit" if limit is None else f"{limit} runs at once"
+    print(f"tenant '{args.tenant}': {shown} ({source})")
     return 0
 
 

@@ -22,12 +22,14 @@ from tracon_jobs.cli.operations import (
     cmd_runs_list,
     cmd_runs_show,
     cmd_runs_tail,
+    cmd_tenants_concurrency,
     cmd_tenants_create,
     cmd_tenants_quota,
     cmd_workflows_list,
     cmd_workflows_resume,
     cmd_workflows_runs,
     cost_limit,
+    positive_int,
     run_status,
 )
 from tracon_jobs.cli.processes import cmd_beat, cmd_flower, cmd_migrate, cmd_web, cmd_worker
@@ -152,6 +154,20 @@ def add_tenant_commands(command: Command) -> None:
         "--clear", action="store_true", help="remove the tenant's own quota (use the default)"
     )
     quota.set_defaults(handler=cmd_tenants_quota, passthrough=False)
+    concurrency = tsub.add_parser(
+        "concurrency",
+        help="show or set a tenant's most runs at once",
+        description="Show the most runs of a tenant that execute at once; with a number, give "
+        "it a limit of its own; with --clear, return it to Tenants.MaxConcurrentRuns.",
+    )
+    concurrency.add_argument("tenant", help="tenant name or id")
+    concurrency.add_argument(
+        "limit", nargs="?", type=positive_int, help="the tenant's own limit (at least 1)"
+    )
+    concurrency.add_argument(
+        "--clear", action="store_true", help="remove the tenant's own limit (use the default)"
+    )
+    concurrency.set_defaults(handler=cmd_tenants_concurrency, passthrough=False)
 
     keys = command("keys", None, "manage API keys")
     ksub = keys.add_subparsers(metavar="action")

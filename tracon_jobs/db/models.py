@@ -39,6 +39,7 @@ class Tenant(Base):
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime]
+    max_concurrent_runs: Mapped[int | None] = mapped_column(default=None)  # own limit, or None
 
 
 class ApiKey(Base):

@@ -49,6 +49,7 @@ class OwnQuota:
     found: bool
     period: str | None = None
     cost_limit: Any = None
+    max_concurrent_runs: int | None = None  # the tenant's own, over Tenants.MaxConcurrentRuns
 
 
 @dataclass(frozen=True)

@@ -100,27 +100,36 @@ class MemoryTenantRunStore:
 
 
 class TenantRuns:
-    """What the executor uses: `admit` before a claim, `release` when the run lets go."""
+    """What the executor uses: `admit` before a claim, `release` when the run lets go. The
+    limit is the tenant's own (`tracon-jobs tenants concurrency`), else `limit`
+    (`Tenants.MaxConcurrentRuns`)."""
 
     def __init__(self, store: TenantRunStore, limit: int | None, lease_ms: int = LEASE_MS):
         self.store = store
         self.limit = limit
         self.lease_ms = lease_ms
+        self._limits: dict[str, int] = {}  # run id -> its tenant's limit, while it runs here
+        self._lock = threading.Lock()
 
-    def admit(self, tenant_id: str, run_id: str) -> bool:
+    def admit(self, tenant_id: str, run_id: str, own_limit: int | None = None) -> bool:
         """Whether the run may execute now (also: its place renewed); a store that cannot be
         reached lets it (logged)."""
-        if self.limit is None:
+        limit = own_limit if own_limit is not None else self.limit
+        if limit is None:
             return True
         try:
-            return self.store.admit(tenant_id, run_id, self.limit, self.lease_ms)
+            admitted = self.store.admit(tenant_id, run_id, limit, self.lease_ms)
         except redis.RedisError as exc:
             log.warning("tenant run limit unreachable; run %s goes on: %s", run_id, exc)
             return True
+        if admitted:
+            with self._lock:
+                self._limits[run_id] = limit
+        return admitted
 
     def renew(self, tenant_id: str, run_id: str) -> None:
         """At a model turn: the run keeps its place for another lease."""
-        if self.limit is None:
+        if run_id not in self._limits:
             return
         try:
             self.store.renew(tenant_id, run_id, self.lease_ms)
@@ -128,10 +137,29 @@ class TenantRuns:
             log.warning("tenant run place of %s not renewed: %s", run_id, exc)
 
     def release(self, tenant_id: str, run_id: str) -> list[str]:
-        if self.limit is None:
+        """Give back a place this process admitted (or, for a run that no longer waits,
+        handed on to it), at the limit it was admitted under."""
+        with self._lock:
+            limit = self._limits.pop(run_id, None)
+        if limit is None:
             return []
+        return self._release(tenant_id, run_id, limit)
+
+    def pass_on(self, tenant_id: str, run_id: str, limit: int) -> list[str]:
+        """A place given to a run that no longer waits (canceled meanwhile) goes on."""
+        return self._release(tenant_id, run_id, limit)
+
+    def forget(self, run_id: str) -> None:
+        """A run another process claimed first: its place is that process's to give back."""
+        with self._lock:
+            self._limits.pop(run_id, None)
+
+    def limit_of(self, run_id: str) -> int | None:
+        return self._limits.get(run_id)
+
+    def _release(self, tenant_id: str, run_id: str, limit: int) -> list[str]:
         try:
-            return self.store.release(tenant_id, run_id, self.limit, self.lease_ms)
+            return self.store.release(tenant_id, run_id, limit, self.lease_ms)
         except redis.RedisError as exc:  # its lease frees the place
             log.warning("tenant run place of %s not given back: %s", run_id, exc)
             return []

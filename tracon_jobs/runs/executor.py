@@ -186,7 +186,8 @@ class RunExecutor:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
             return "dropped"
         claim, run, own_quota = claimed
-        if not self.tenant_runs.admit(run.tenant_id, run_id):  # nothing written: it waits
+        own_runs = own_quota.max_concurrent_runs
+        if not self.tenant_runs.admit(run.tenant_id, run_id, own_runs):  # nothing written
             self.runs.let_go(claim)
             metrics.run_parked("tenant_concurrency")
             log.info("run %s waits: its tenant runs its most at once", run_id)
@@ -200,6 +201,7 @@ class RunExecutor:
         except ClaimedElsewhere:  # a duplicate delivery that lost the race: nothing ran here
             log.info("run %s was claimed by another worker first; delivery dropped", run_id)
             elsewhere = True  # its place is the claiming worker's now
+            self.tenant_runs.forget(run_id)
             return "dropped"
         finally:
             self.runs.let_go(claim)
@@ -209,15 +211,16 @@ class RunExecutor:
     def _give_back_place(self, tenant_id: str, run_id: str) -> None:
         """The run lets go of its tenant's place: the runs given places are sent again (one
         that no longer waits, canceled meanwhile, passes its place on)."""
+        limit = self.tenant_runs.limit_of(run_id)
         given = self.tenant_runs.release(tenant_id, run_id)
-        while given:
+        while given and limit is not None:
             next_id = given.pop(0)
             waiting = self.runs.get(next_id)
             if waiting is not None and waiting.status == RunStatus.QUEUED.value:
                 if self.resume_later is not None:
                     self.resume_later(next_id, 0, "tenant_concurrency")
             else:
-                given += self.tenant_runs.release(tenant_id, next_id)
+                given += self.tenant_runs.pass_on(tenant_id, next_id, limit)
 
     def _execute_claimed(self, claim: AnyClaim, run: Run, own_quota: OwnQuota | None = None) -> str:
         run_id = claim.run_id

@@ -46,7 +46,7 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement, TextClause
 
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.hot import hot
-from tracon_jobs.db.models import Run, RunEvent, TenantQuotaOverride
+from tracon_jobs.db.models import Run, RunEvent, Tenant, TenantQuotaOverride
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store.values import (
     Event,
@@ -137,6 +137,7 @@ _CREATE_QUEUED = (
     .add_cte(_NEW_RUN, nest_here=True)
 )
 _QUOTAS = cast(Table, TenantQuotaOverride.__table__)
+_TENANTS = cast(Table, Tenant.__table__)
 
 _RUN_OF_TENANT = select(RUNS.c.id).where(
     RUNS.c.id == bindparam("p_id"), RUNS.c.tenant_id == bindparam("p_tenant")
@@ -153,6 +154,10 @@ _OWN_QUOTA_COLUMNS = (
     exists().where(_OWN_QUOTA).label("own_quota_found"),
     select(_QUOTAS.c.period).where(_OWN_QUOTA).scalar_subquery().label("own_quota_period"),
     select(_QUOTAS.c.cost_limit).where(_OWN_QUOTA).scalar_subquery().label("own_quota_limit"),
+    select(_TENANTS.c.max_concurrent_runs)
+    .where(_TENANTS.c.id == RUNS.c.tenant_id)
+    .scalar_subquery()
+    .label("own_max_runs"),
 )
 # a claim is the claimable row read (no lock), then made by the claim's first write with
 # that write's events (`RunStarted`, and the executor's next one maybe): `Queued` -> `Running`

@@ -184,6 +184,7 @@ class RunWrites:
             bool(values.pop("own_quota_found")),
             values.pop("own_quota_period"),
             values.pop("own_quota_limit"),
+            values.pop("own_max_runs"),
         )
         now = values.pop("read_at")
         claim = PendingClaim(run_id=run_id, fence=values["fence"] + 1, owner=owner)
