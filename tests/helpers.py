@@ -4,6 +4,7 @@ shared fixtures. The fixtures themselves are in tests/conftest.py, which no test
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -104,6 +105,17 @@ def wait_for_status(
 def auth(key: str, **headers: str) -> dict[str, str]:
     """Request headers authenticated with `key`, plus `headers`."""
     return {"Authorization": f"Bearer {key}", **headers}
+
+
+def as_the_command_line(monkeypatch: pytest.MonkeyPatch, workdir: Path, config_path: Path) -> None:
+    """Run `tracon_jobs.cli.main` as a user would, on this test's config file: none of the
+    caller's `TRACON*` variables, in a directory of its own."""
+    for name in list(os.environ):
+        if name.upper().startswith("TRACON"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("TRACON_CONFIG", str(config_path))
 
 
 def settings_from(path: Path) -> Settings:

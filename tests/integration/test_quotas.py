@@ -6,8 +6,6 @@ tenants go on; the counter is rebuilt from SQL after `FLUSHDB`; `tenants quota`.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
@@ -20,7 +18,15 @@ import sqlalchemy as sa
 from flask.testing import FlaskClient
 
 from tests import workflows
-from tests.helpers import MakeRuntime, Script, ThreadWorker, auth, run_of, scripted_agent
+from tests.helpers import (
+    MakeRuntime,
+    Script,
+    ThreadWorker,
+    as_the_command_line,
+    auth,
+    run_of,
+    scripted_agent,
+)
 from tracon_jobs.cli import main
 from tracon_jobs.db.models import IdempotencyRecord, Run
 from tracon_jobs.limits.quota_store import utc_now, window_of
@@ -380,14 +386,9 @@ def test_tenants_quota_sets_shows_and_clears(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("TRACON"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
     config: dict[str, Any] = {"Tenants": {"DefaultQuota": {"CostLimit": 10}}}
     path = write_config(Database={"Url": sqlite_url}, Redis={"Url": redis_url}, **config)
-    monkeypatch.setenv("TRACON_CONFIG", str(path))
+    as_the_command_line(monkeypatch, tmp_path, path)
     runtime = make_runtime(sqlite_url, **config)
     acme = runtime.tenants.ensure_tenant("acme")
 

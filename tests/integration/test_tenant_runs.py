@@ -5,7 +5,6 @@ write), in order, while another tenant's runs go on; each starts as the tenant's
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +13,13 @@ from typing import Any
 import pytest
 import redis
 
-from tests.helpers import MakeRuntime, ThreadWorker, scripted_agent, wait_until
+from tests.helpers import (
+    MakeRuntime,
+    ThreadWorker,
+    as_the_command_line,
+    scripted_agent,
+    wait_until,
+)
 from tests.stub_provider import StubProvider, hang
 from tracon_jobs.cli import main
 from tracon_jobs.limits.tenant_runs import (
@@ -165,13 +170,9 @@ def test_tenants_concurrency_sets_shows_and_clears(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("TRACON"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
     config: dict[str, Any] = {"Tenants": {"MaxConcurrentRuns": 4}}
     path = write_config(Database={"Url": sqlite_url}, Redis={"Url": redis_url}, **config)
-    monkeypatch.setenv("TRACON_CONFIG", str(path))
+    as_the_command_line(monkeypatch, tmp_path, path)
     runtime = make_runtime(sqlite_url, **config)
     acme = runtime.tenants.ensure_tenant("acme")
 

@@ -34,17 +34,16 @@ class WaitingRuns(RunWrites):
         """`Running` -> `Waiting` inside the caller's transaction: the run lets go of its
         owner and heartbeat, remembers when it started waiting, and saves `saved` (its
         conversation) for whoever continues it; `RunTakenAway` when it is no longer ours."""
+        self._let_go_in(session, claim, RunStatus.WAITING, waiting_since=since, **saved)
+
+    def _let_go_in(self, session: Session, claim: Claim, status: RunStatus, **values: Any) -> None:
+        """`Running` -> `status` by the run's own hand, fenced: it lets go of its owner and
+        heartbeat and sets `values`; `RunTakenAway` when it is no longer ours."""
         self._ending[claim.run_id] = claim.fence
         changed = session.execute(
             update(RUNS)
             .where(RUNS.c.id == claim.run_id, *_OWNED)
-            .values(
-                status=RunStatus.WAITING.value,
-                owner=None,
-                heartbeat_at=None,
-                waiting_since=since,
-                **saved,
-            )
+            .values(status=status.value, owner=None, heartbeat_at=None, **values)
             .returning(RUNS.c.id),
             {"p_id": claim.run_id, "p_fence": claim.fence},
         ).scalar_one_or_none()
@@ -70,23 +69,8 @@ class WaitingRuns(RunWrites):
             until = now + timedelta(seconds=seconds)
             data = {"reason": reason, "until": iso(until), "turn": turns}
             event = self.append_in(session, claim, "RunParked", data)
-            self._ending[claim.run_id] = claim.fence
-            changed = session.execute(
-                update(RUNS)
-                .where(RUNS.c.id == claim.run_id, *_OWNED)
-                .values(
-                    status=RunStatus.QUEUED.value,
-                    owner=None,
-                    heartbeat_at=None,
-                    enqueued_at=until,
-                    messages=messages,
-                    turns_completed=turns,
-                )
-                .returning(RUNS.c.id),
-                {"p_id": claim.run_id, "p_fence": claim.fence},
-            ).scalar_one_or_none()
-            if changed is None:
-                raise RunTakenAway(f"run {claim.run_id} was taken away")
+            saved = {"messages": messages, "turns_completed": turns}
+            self._let_go_in(session, claim, RunStatus.QUEUED, enqueued_at=until, **saved)
         self.publish(event)
         return event
 
