@@ -186,19 +186,24 @@ class MemoryRateStore:
         with self._lock:
             window = self._windows.setdefault(scope, _Window())
             now = self._now()
-            _wait_under(window, RateLimit(), 0, now, window_ms)  # drops what left the window
+            _prune(window, now, window_ms)
             blocked = max(window.blocked_until - now, 0)
             return len(window.starts), sum(window.tokens.values()), blocked
+
+
+def _prune(window: _Window, now: int, window_ms: int) -> None:
+    """Drop the starts that left the window."""
+    for call_id, at in list(window.starts.items()):
+        if at <= now - window_ms:
+            del window.starts[call_id]
+            window.tokens.pop(call_id, None)
 
 
 def _wait_under(window: _Window, limit: RateLimit, need: int, now: int, window_ms: int) -> int:
     """What rate_admit.lua computes for one scope."""
     if window.blocked_until > now:
         return window.blocked_until - now
-    for call_id, at in list(window.starts.items()):
-        if at <= now - window_ms:
-            del window.starts[call_id]
-            window.tokens.pop(call_id, None)
+    _prune(window, now, window_ms)
     order = sorted(window.starts.items(), key=lambda item: item[1])
     count = len(order)
     if limit.requests is not None and count >= limit.requests:
