@@ -96,14 +96,21 @@ class Chain:
         runs.append(None, "RunContinued", data, run_id=self.orphan)
         return self.continuation
 
-    def continuation_answers(self) -> None:
+    def continuation_answers(self, client: Client | None = None) -> None:
+        """The continuation's call streams its answer and completes; with `client`, the
+        rest of the text waits until its first piece reached the client (a call read whole,
+        its `ModelCallCompleted` already in, sends no live text on the native stream)."""
         assert self.continuation is not None
         runs = self.runtime.runs
         claim = claim_run(self.runtime, self.continuation, "w2")
         assert claim is not None
         call = runs.append(claim, "ModelCallStarted", {"turn": 0, "provider": "a", "model": "m"})
         self.runtime.live_text.append(self.continuation, call.seq, WHOLE[:10])
+        if client is not None:
+            client.read_until(lambda text: WHOLE[:10] in text)
         self.runtime.live_text.append(self.continuation, call.seq, WHOLE[10:])
+        if client is not None:
+            client.read_until(lambda text: WHOLE[10:] in text)
         claim = runs.settle(claim)
         runs.append(claim, "ModelCallCompleted", {"turn": 0, "text": WHOLE})
         runs.finish(claim, RunStatus.COMPLETED, output={"text": WHOLE})
@@ -166,7 +173,7 @@ def test_a_hub_follower_follows_the_orphan_into_its_continuation(
     client.read_until(lambda text: "RunFailed" in text)
     chain.continue_it()
     client.read_until(lambda text: "RunContinued" in text)
-    chain.continuation_answers()
+    chain.continuation_answers(client)
 
     text = client.read_until(lambda _text: False)  # to the end: the hub closes it
     assert client.ended
