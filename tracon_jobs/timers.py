@@ -47,11 +47,6 @@ class Timers:
         self._due: list[Timer] = []
         threading.Thread(target=self._run, name=name, daemon=True).start()
 
-    def pending(self) -> int:
-        """Callbacks still to run (the canceled ones left out)."""
-        with self._cond:
-            return sum(not timer.cancelled for timer in self._due)
-
     def at(self, when: float, callback: Callable[[], None]) -> Timer:
         timer = Timer(when, callback)
         with self._cond:

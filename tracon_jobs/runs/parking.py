@@ -12,6 +12,8 @@ while parked is not sent again (a cancel of a `Queued` run ends it at once).
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 
 from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.lifecycle import RunStatus
@@ -30,15 +32,25 @@ class Resumer:
     def __init__(self, runs: RunStore, dispatcher: RunDispatcher) -> None:
         self.runs = runs
         self.dispatcher = dispatcher
+        self._lock = threading.Lock()
+        self._due: Counter[str] = Counter()  # run id -> sends still to come
 
     def at(self, run_id: str, seconds: float, after: str = "parked") -> None:
         """Send run `run_id` again in `seconds`; `after`: what it waited for (`RunResumed`)."""
+        with self._lock:
+            self._due[run_id] += 1
         timers(THREAD).after(seconds, lambda: self._resume(run_id, after))
 
     def pending(self) -> int:
-        return timers(THREAD).pending()
+        """This resumer's sends still to come."""
+        with self._lock:
+            return sum(self._due.values())
 
     def _resume(self, run_id: str, after: str) -> None:
+        with self._lock:
+            self._due[run_id] -= 1
+            if self._due[run_id] <= 0:
+                del self._due[run_id]
         try:
             self.resume(run_id, after)
         except Exception:  # the requeue scan sends it instead
