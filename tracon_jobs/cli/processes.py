@@ -153,7 +153,9 @@ def stop_once(service: Service) -> Callable[[int, FrameType | None], None]:
     `tracon-jobs dev` sends SIGINT and then SIGTERM, and the second one used to land wherever
     beat was on its way out: in the first handler's `Event.set`, or in the interpreter's wait
     for beat's threads, each a traceback. Raised once, from the service's loop, SystemExit
-    reaches `Service.start`, which syncs the schedule as it leaves."""
+    reaches `Service.start`, which syncs the schedule as it leaves. Before the loop, the
+    signal only sets the service's shutdown event (Celery >= 5.7 stamps `_last_tick` just
+    before the loop)."""
 
     stopping = False
 
@@ -168,6 +170,11 @@ def stop_once(service: Service) -> Callable[[int, FrameType | None], None]:
         shutdown = getattr(service, "_is_shutdown", None)
         if shutdown is not None:
             shutdown.set()
+            if getattr(service, "_last_tick", None) is None:
+                # Not in its loop yet (opening the schedule, say): raised here, SystemExit
+                # would leave `Service.start` before the `try` that syncs the schedule.
+                # The loop sees the event at its first turn and ends there, syncing.
+                return
         raise SystemExit()
 
     return stop
