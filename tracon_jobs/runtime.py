@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from functools import cached_property
 from typing import Any
@@ -25,6 +26,7 @@ from tracon_jobs.agents.tools import ToolRegistry
 from tracon_jobs.agents.tools import registry as default_tools
 from tracon_jobs.coordination.cancellation import RedisCancelBus
 from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
+from tracon_jobs.coordination.fair_share import RedisFairStore
 from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
 from tracon_jobs.coordination.live_text import LiveText, RedisLiveText
 from tracon_jobs.db import Database
@@ -40,7 +42,7 @@ from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
 from tracon_jobs.resilience.rate_limits import RateLimits, RedisRateStore, limits_of
 from tracon_jobs.runs.approvals import Approvals, ApprovalStore
 from tracon_jobs.runs.continuation import Continuations
-from tracon_jobs.runs.dispatch import RunDispatcher, Sender
+from tracon_jobs.runs.dispatch import FairShare, RunDispatcher, Sender
 from tracon_jobs.runs.executor import Resilience, RunExecutor
 from tracon_jobs.runs.live import LiveRuns
 from tracon_jobs.runs.parking import Resumer
@@ -51,8 +53,9 @@ from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT, SubAgents
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
 from tracon_jobs.worker.app import CONTROL_QUEUE, Describe, create_celery, describe_runs
+from tracon_jobs.worker.capacity import WorkerCapacity
 from tracon_jobs.worker.drain import WorkerDrain
-from tracon_jobs.worker.envelope import RUNS_QUEUE, celery_sender
+from tracon_jobs.worker.envelope import RUNS_QUEUE, celery_message, celery_sender
 from tracon_jobs.workflows.registry import WorkflowRegistry
 from tracon_jobs.workflows.registry import registry as default_workflows
 from tracon_jobs.workflows.resume import WorkflowResumes
@@ -108,7 +111,9 @@ class Runtime:
         self.owner_id = settings.singleton_execution.resolved_owner_id()
         self.draining = threading.Event()  # set once a graceful stop began
         self.sleep = sleep  # tool retry backoff; tests pass one that does not wait
-        self.dispatcher = RunDispatcher(self.runs, sender or self._send_with_celery)
+        self.dispatcher = RunDispatcher(
+            self.runs, sender or self._send_with_celery, self._fair_share(sender is None)
+        )
         self.workflow_registry = workflows or default_workflows
         self.child_claim_wait = child_claim_wait  # see `runs.subagents`; tests shorten it
         import_tool_modules(settings.tool_modules)
@@ -119,6 +124,30 @@ class Runtime:
     def send_runs_with(self, sender: Sender) -> None:
         """Send run messages through `sender` instead of Celery (tests run them in threads)."""
         self.dispatcher.send = sender
+        self.dispatcher.fair = self._fair_share(celery=False)
+
+    @cached_property
+    def fair_store(self) -> RedisFairStore:
+        """The fair lines; with the envelope fast path they push runs' messages themselves."""
+        return self._fair_store(celery=True)
+
+    def _fair_store(self, celery: bool) -> RedisFairStore:
+        lost_ms = _ms(self.settings.runs.requeue_after)
+        pushes = celery and fast_paths.enabled("envelope")
+        return RedisFairStore(self.redis, lost_ms, queue=RUNS_QUEUE if pushes else None)
+
+    def _fair_share(self, celery: bool) -> FairShare:
+        if not celery:  # runs sent by a sender of the caller's: the lines push nothing
+            return FairShare(self._fair_store(celery=False))
+        pushes = fast_paths.enabled("envelope")
+        return FairShare(self.fair_store, self._message if pushes else None)
+
+    def _message(self, run_id: str) -> str:
+        return self._celery_message(run_id)
+
+    @cached_property
+    def _celery_message(self) -> Callable[[str], str]:  # the Celery app only once asked
+        return celery_message(self.celery, labels=self._labels_of)
 
     def _send_with_celery(self, run_id: str) -> None:
         self._celery_send(run_id)
@@ -153,7 +182,20 @@ class Runtime:
         )
         queues = [RUNS_QUEUE, CONTROL_QUEUE]
         WorkerDrain(app, self.settings.drain, self.draining, self.live_runs, queues).install()
+        self.capacity(app).install()
         return app
+
+    def capacity(self, app: Celery) -> WorkerCapacity:
+        """This worker's slots in the fair lines, registered once it is ready."""
+        return WorkerCapacity(
+            app,
+            self.fair_store,
+            self.owner_id,
+            self.settings.worker.concurrency,
+            self.tenants.weights,
+            self.dispatcher.send_all,
+            self.draining,
+        )
 
     @cached_property
     def breaker(self) -> CircuitBreaker:
@@ -240,6 +282,7 @@ class Runtime:
             sleep=self.sleep,
             live_text=self.live_text,
             resume_later=self.resumer.at,
+            dispatcher=self.dispatcher,
             tenant_runs=TenantRuns(
                 RedisTenantRunStore(self.redis), self.settings.tenants.max_concurrent_runs
             ),

@@ -101,6 +101,25 @@ class TenantStore:
             assert tenant is not None
             tenant.max_concurrent_runs = limit
 
+    def weight(self, tenant_id: str) -> int:
+        """The tenant's share of fair dispatch when several tenants have runs lined up."""
+        with self.db.read() as session:
+            weight = session.scalar(select(Tenant.weight).where(Tenant.id == tenant_id))
+        return 1 if weight is None else weight
+
+    def set_weight(self, tenant_id: str, weight: int | None) -> None:
+        """Give the tenant a weight of its own, or (None) return it to 1."""
+        with self.db.write() as session:
+            tenant = session.get(Tenant, tenant_id)
+            assert tenant is not None
+            tenant.weight = weight
+
+    def weights(self) -> dict[str, int]:
+        """Every tenant's weight that is not 1, by tenant id (1 for one set back to 1)."""
+        query = select(Tenant.id, Tenant.weight).where(Tenant.weight.is_not(None))
+        with self.db.read() as session:
+            return {tenant_id: weight or 1 for tenant_id, weight in session.execute(query)}
+
     def find_tenant(self, name_or_id: str) -> str | None:
         query = select(Tenant.id).where((Tenant.name == name_or_id) | (Tenant.id == name_or_id))
         with self.db.read() as session:

@@ -54,7 +54,7 @@ from web.openai_shapes import (
 from web.preferences import prefers_async
 from web.problems import Problem, bad_request, kept_headers
 from web.quota import refuse_when_spent
-from web.runs import parse_body, submit
+from web.runs import parse_body, priority_header, submit
 from web.streams import live_stream, place_for_stream
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -204,7 +204,13 @@ def start_run(model: str, run_input: dict[str, Any]) -> Run:
     rt = runtime()
     if model not in rt.settings.agents:
         raise unknown_model(model)
-    new = NewRun(tenant_id(), model, run_input, currency=rt.settings.pricing.currency)
+    new = NewRun(
+        tenant_id(),
+        model,
+        run_input,
+        currency=rt.settings.pricing.currency,
+        priority=priority_header(),
+    )
     g.tracon_run_id = new.id  # from here on every answer names the run, a 503 included
     run = submit(new)
     remember_run(run.id)

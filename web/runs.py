@@ -12,6 +12,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, PRIORITIES
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.cancel import cancel_tree
@@ -49,6 +50,24 @@ class RunRequest(BaseModel):
     message: str = Field(min_length=1)
     session_id: str | None = Field(default=None, alias="sessionId", max_length=MAX_SESSION_ID)
     parameters: dict[str, Any] | None = None
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=min(PRIORITIES), le=max(PRIORITIES))
+
+
+PRIORITY_HEADER = "X-Tracon-Priority"
+
+
+def priority_header() -> int:
+    """`X-Tracon-Priority` (`/v1`, whose bodies are OpenAI's): 0-9, default 5."""
+    raw = request.headers.get(PRIORITY_HEADER)
+    if raw is None:
+        return DEFAULT_PRIORITY
+    if not raw.strip().isdigit() or int(raw) not in PRIORITIES:
+        raise bad_request(
+            f"{PRIORITY_HEADER} must be a whole number from {min(PRIORITIES)} to "
+            f"{max(PRIORITIES)} (got {raw!r})",
+            field=PRIORITY_HEADER,
+        )
+    return int(raw)
 
 
 def parse_body(model: type[BaseModel]) -> Any:
@@ -80,6 +99,7 @@ def run_agent(name: str) -> Response | tuple[Response, int, dict[str, str]]:
                 session_id=body.session_id,
                 parameters=body.parameters,
                 currency=rt.settings.pricing.currency,
+                priority=body.priority,
             )
         )
     remember_run(run.id)

@@ -13,6 +13,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
+from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, PRIORITIES
 from tracon_jobs.coordination.streams import StreamPlace
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.store import NewRun
@@ -37,6 +38,7 @@ class WorkflowRequest(BaseModel):
 
     input: dict[str, Any] = Field(default_factory=dict)
     session_id: str | None = Field(default=None, alias="sessionId", max_length=200)
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=min(PRIORITIES), le=max(PRIORITIES))
 
 
 class Answer(BaseModel):
@@ -73,6 +75,7 @@ def run_workflow(name: str) -> Response | tuple[Response, int, dict[str, str]]:
                 session_id=body.session_id,
                 currency=rt.settings.pricing.currency,
                 resumable=prefers_async(),  # a job owns it: bound to no connection
+                priority=body.priority,
             )
         )
     return started(run, place)

@@ -95,6 +95,17 @@ def positive_int(raw: str) -> int:
     return value
 
 
+def weight_value(raw: str) -> int:
+    """A tenant's weight: a whole number from 1 to 100."""
+    value = positive_int(raw)
+    if value > MAX_WEIGHT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_WEIGHT} (got {raw})")
+    return value
+
+
+MAX_WEIGHT = 100
+
+
 def cost_limit(raw: str) -> Decimal | None:
     """`--cost-limit`: a non-negative amount, or `none` for no quota."""
     if raw.strip().lower() in ("none", "null"):
@@ -153,6 +164,22 @@ def cmd_tenants_concurrency(args: argparse.Namespace, rest: list[str]) -> int:
     source = "own" if own is not None else "Tenants.MaxConcurrentRuns"
     shown = "no limit" if limit is None else f"{limit} runs at once"
     print(f"tenant '{args.tenant}': {shown} ({source})")
+    return 0
+
+
+def cmd_tenants_weight(args: argparse.Namespace, rest: list[str]) -> int:
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant)
+    tenants = runtime.tenants
+    if args.clear and args.weight is not None:
+        raise CommandError("--clear takes no weight")
+    if args.clear or args.weight is not None:
+        tenants.set_weight(tenant_id, args.weight)
+        # the lines read weights from Redis: the change counts now, not at the next
+        # registration of a worker
+        runtime.fair_store.register("", 0, {tenant_id: tenants.weight(tenant_id)})
+    weight = tenants.weight(tenant_id)
+    print(f"tenant '{args.tenant}': weight {weight} (share of fair dispatch; default 1)")
     return 0
 
 

@@ -25,12 +25,14 @@ from tracon_jobs.cli.operations import (
     cmd_tenants_concurrency,
     cmd_tenants_create,
     cmd_tenants_quota,
+    cmd_tenants_weight,
     cmd_workflows_list,
     cmd_workflows_resume,
     cmd_workflows_runs,
     cost_limit,
     positive_int,
     run_status,
+    weight_value,
 )
 from tracon_jobs.cli.processes import cmd_beat, cmd_flower, cmd_migrate, cmd_web, cmd_worker
 
@@ -168,6 +170,17 @@ def add_tenant_commands(command: Command) -> None:
         "--clear", action="store_true", help="remove the tenant's own limit (use the default)"
     )
     concurrency.set_defaults(handler=cmd_tenants_concurrency, passthrough=False)
+    weight = tsub.add_parser(
+        "weight",
+        help="show or set a tenant's share of fair dispatch",
+        description="Show the tenant's weight: when several tenants have runs waiting for a "
+        "worker, each gets runs started in proportion to its weight (default 1). With a "
+        "number (1-100), set it; with --clear, return it to 1.",
+    )
+    weight.add_argument("tenant", help="tenant name or id")
+    weight.add_argument("weight", nargs="?", type=weight_value, help="1 to 100")
+    weight.add_argument("--clear", action="store_true", help="return the tenant's weight to 1")
+    weight.set_defaults(handler=cmd_tenants_weight, passthrough=False)
 
     keys = command("keys", None, "manage API keys")
     ksub = keys.add_subparsers(metavar="action")

@@ -40,6 +40,7 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime]
     max_concurrent_runs: Mapped[int | None] = mapped_column(default=None)  # own limit, or None
+    weight: Mapped[int | None] = mapped_column(default=None)  # share of fair dispatch, None: 1
 
 
 class ApiKey(Base):
@@ -82,6 +83,7 @@ class Run(Base):
     depth: Mapped[int] = mapped_column(Integer, default=0)
     continued_from_run_id: Mapped[str | None] = mapped_column(ID)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
+    priority: Mapped[int] = mapped_column(Integer, default=5, server_default="5")  # 0-9
     model_id: Mapped[str | None] = mapped_column(String(200))
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

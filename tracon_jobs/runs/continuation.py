@@ -78,6 +78,7 @@ class Continuations:
                 continued_from_run_id=run.id,
                 attempt=run.attempt + 1,
                 currency=run.cost_currency,
+                priority=run.priority,
             )
         )
         data = {"continuationRunId": continuation.id}

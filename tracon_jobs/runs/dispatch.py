@@ -6,13 +6,21 @@ after `Runs.RequeueAfter`; a broker that refuses the message closes the run `Fai
 
 How a message is sent is the `Sender` the dispatcher is given: the Celery one is
 `tracon_jobs.worker.envelope.celery_sender`; tests send runs to threads of their own.
+
+With a `FairShare`, a run is offered to the fair lines first (`coordination.fair_share`):
+sent now, or kept in its tenant's line until its turn; a fair store that cannot be reached
+lets the run be sent at once (logged).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import redis
+
+from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, FairStore
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.lifecycle import ErrorClass, RunError
@@ -24,12 +32,25 @@ Sender = Callable[[str], None]
 """`send(run_id)`: the run's message; raises `EnqueueError` when the broker refuses it."""
 
 
+Message = Callable[[str], str]
+"""`message(run_id)`: the run's message as the fair store pushes it itself (the envelope)."""
+
+
+@dataclass(frozen=True)
+class FairShare:
+    """The fair lines, and (with the envelope fast path) how a run's message is built."""
+
+    store: FairStore
+    message: Message | None = None
+
+
 class RunDispatcher:
     """Submits runs: the row first, then the message; a refused message fails the run."""
 
-    def __init__(self, store: RunStore, send: Sender) -> None:
+    def __init__(self, store: RunStore, send: Sender, fair: FairShare | None = None) -> None:
         self.store = store
         self.send = send
+        self.fair = fair
         self._submitting: dict[str, tuple[str, str]] = {}  # run id -> (agent, tenant id)
 
     def submitting(self, run_id: str) -> tuple[str, str] | None:
@@ -41,7 +62,7 @@ class RunDispatcher:
         run = self.store.create(new)
         self._submitting[run.id] = (new.agent, new.tenant_id)
         try:
-            self.send(run.id)
+            self.offer(run.id, new.tenant_id, new.priority)
         except EnqueueError as exc:
             log.error("enqueue failed for run %s: %s", run.id, exc)
             error = RunError("enqueue_failed", ErrorClass.INFRASTRUCTURE, str(exc))
@@ -52,11 +73,49 @@ class RunDispatcher:
         return run
 
     def resend(self, run_id: str) -> bool:
-        """Send a run's message again; False (logged) when the broker refused."""
+        """Send a run's message again (a run in its tenant's line stays there); False
+        (logged) when the broker refused."""
         try:
-            self.send(run_id)
+            if self.fair is None:
+                self.send(run_id)
+            else:
+                run = self.store.get(run_id)
+                if run is None:
+                    return False
+                self.offer(run_id, run.tenant_id, run.priority)
         except EnqueueError as exc:
             log.warning("re-send of run %s failed, next scan retries: %s", run_id, exc)
             return False
         self.store.mark_enqueued(run_id)
         return True
+
+    def offer(self, run_id: str, tenant_id: str, priority: int = DEFAULT_PRIORITY) -> None:
+        """Send the run now, or line it up: through the fair lines when there are some."""
+        if self.fair is None:
+            self.send(run_id)
+            return
+        message = None
+        if self.fair.message is not None:
+            try:
+                message = self.fair.message(run_id)
+            except Exception as exc:  # kombu and Celery raise many types
+                raise EnqueueError(f"the message of run {run_id} was not built: {exc}") from exc
+        try:
+            offer = self.fair.store.offer(run_id, tenant_id, priority, message)
+        except redis.RedisError as exc:
+            log.warning("fair lines unreachable; run %s is sent at once: %s", run_id, exc)
+            self.send(run_id)
+            return
+        self.send_all(offer.to_send, first=run_id)
+
+    def send_all(self, run_ids: list[str], first: str | None = None) -> None:
+        """Send the runs the fair lines handed over (`first`, the caller's own run, raises
+        when refused; another run refused is logged, and the requeue scan sends it)."""
+        for run_id in run_ids:
+            if run_id == first:
+                self.send(run_id)
+                continue
+            try:
+                self.send(run_id)
+            except EnqueueError as exc:
+                log.warning("run %s not sent from its line, next scan retries: %s", run_id, exc)

@@ -27,11 +27,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import redis
+
 from tracon_jobs import logs, metrics
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
+from tracon_jobs.coordination.fair_share import fair_ids
 from tracon_jobs.coordination.live_text import LiveText, TurnWriter
-from tracon_jobs.coordination.scripts import deferring
+from tracon_jobs.coordination.scripts import Later, deferring
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import (
@@ -80,6 +83,7 @@ from tracon_jobs.resilience.rate_limits import (
 )
 from tracon_jobs.runs.approvals import ApprovalStore
 from tracon_jobs.runs.continuation import chain_ledger
+from tracon_jobs.runs.dispatch import RunDispatcher
 from tracon_jobs.runs.execution import (
     Execution,
     Link,
@@ -144,8 +148,10 @@ class RunExecutor:
         live_text: LiveText | None = None,
         resume_later: Callable[[str, float, str], None] | None = None,
         tenant_runs: TenantRuns | None = None,
+        dispatcher: RunDispatcher | None = None,
     ) -> None:
         self.resume_later = resume_later  # sends a parked run again when it may go on
+        self.dispatcher = dispatcher  # its fair lines hear of each claim
         self.tenant_runs = tenant_runs or TenantRuns(MemoryTenantRunStore(), None)
         self.settings = settings
         self.runs = runs
@@ -184,19 +190,23 @@ class RunExecutor:
         claimed = self.runs.open_claim(run_id, self.owner_id)
         if claimed is None:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
+            self._taken(run_id)  # (canceled while in its line, say): its place is free
             return "dropped"
         claim, run, own_quota = claimed
         own_runs = own_quota.max_concurrent_runs
         if not self.tenant_runs.admit(run.tenant_id, run_id, own_runs):  # nothing written
             self.runs.let_go(claim)
+            self._taken(run_id)
             metrics.run_parked("tenant_concurrency")
             log.info("run %s waits: its tenant runs its most at once", run_id)
             return "waiting_for_tenant"
         elsewhere = False
+        taken: Later | None = None
         try:  # the claim commits with the first model call's `ModelCallStarted` (`open_claim`)
             # Redis calls nobody waits for (a spend, a success) go with the next call on the
             # same client, at the latest with the final event's publish: one round trip
             with logs.run_context(run_id, agent=run.agent), deferring():
+                taken = self._taken_later(run_id)  # with the claim's first Redis call
                 return self._execute_claimed(claim, run, own_quota)
         except ClaimedElsewhere:  # a duplicate delivery that lost the race: nothing ran here
             log.info("run %s was claimed by another worker first; delivery dropped", run_id)
@@ -207,6 +217,36 @@ class RunExecutor:
             self.runs.let_go(claim)
             if not elsewhere:
                 self._give_back_place(run.tenant_id, run_id)
+            if taken is not None:
+                self._send_handed_over(taken)
+
+    def _taken(self, run_id: str) -> None:
+        """The fair lines hear that a worker took `run_id`; the runs it makes room for go."""
+        if self.dispatcher is None or self.dispatcher.fair is None:
+            return
+        try:
+            self.dispatcher.send_all(self.dispatcher.fair.store.take(run_id))
+        except redis.RedisError as exc:  # its place frees itself after Runs.RequeueAfter
+            log.warning("fair lines not told of run %s: %s", run_id, exc)
+
+    def _taken_later(self, run_id: str) -> Later | None:
+        """`_taken`, sent with the next Redis call of this thread (none: at once)."""
+        if self.dispatcher is None or self.dispatcher.fair is None:
+            return None
+        later = self.dispatcher.fair.store.take_later(run_id)
+        if later is None:
+            self._taken(run_id)
+        return later
+
+    def _send_handed_over(self, taken: Later) -> None:
+        if self.dispatcher is None:
+            return
+        try:
+            handed = taken.reply()
+        except redis.RedisError as exc:
+            log.warning("fair lines not told of a claim: %s", exc)
+            return
+        self.dispatcher.send_all(fair_ids(handed))
 
     def _give_back_place(self, tenant_id: str, run_id: str) -> None:
         """The run lets go of its tenant's place: the runs given places are sent again (one

@@ -81,6 +81,7 @@ class SubAgents:
                 root_run_id=parent.root_run_id,
                 depth=parent.depth + 1,
                 currency=parent.cost_currency,
+                priority=parent.priority,
             )
         )
         try:

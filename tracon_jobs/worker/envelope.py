@@ -70,12 +70,7 @@ def celery_sender(
     push = None if client is None else _pusher(app, client)
 
     def send(run_id: str) -> None:
-        kwargs: dict[str, str] = {"run_id": run_id}
-        found = _find_labels(labels or _labels.get(app), run_id)
-        if found is not None:
-            kwargs["agent"], kwargs["tenant"] = found
-        shown = repr(kwargs)  # what Celery's saferepr gives short strings, at a tenth the cost
-        shown_or_cut = shown if len(shown) <= SHOWN_MAX else None  # None: Celery cuts it
+        kwargs, shown_or_cut = _arguments(app, labels, run_id)
         try:
             if push is not None:
                 push(kwargs, shown_or_cut)
@@ -102,11 +97,51 @@ def celery_sender(
     return send
 
 
+def celery_message(app: Celery, labels: Labels | None = None) -> Callable[[str], str]:
+    """`message(run_id)`: the run's message as `celery_sender` with a client pushes it (the
+    fair lines keep it and push it themselves, `coordination.fair_share`)."""
+    build = _builder(app)
+
+    def message(run_id: str) -> str:
+        return build(*_arguments(app, labels, run_id))
+
+    return message
+
+
+def _arguments(
+    app: Celery, labels: Labels | None, run_id: str
+) -> tuple[dict[str, str], str | None]:
+    kwargs: dict[str, str] = {"run_id": run_id}
+    found = _find_labels(labels or _labels.get(app), run_id)
+    if found is not None:
+        kwargs["agent"], kwargs["tenant"] = found
+    shown = repr(kwargs)  # what Celery's saferepr gives short strings, at a tenth the cost
+    return kwargs, shown if len(shown) <= SHOWN_MAX else None  # None: Celery cuts it
+
+
 def _pusher(app: Celery, client: redis.Redis) -> Callable[[dict[str, str], str | None], None]:
     """`push(kwargs, kwargsrepr)`: one `tracon.runs.execute` message on `RUNS_QUEUE`."""
-    amqp = app.amqp
+    build = _builder(app)
 
     def push(kwargs: dict[str, str], kwargsrepr: str | None) -> None:
+        envelope = build(kwargs, kwargsrepr)
+        for attempt in range(SEND_RETRIES + 1):
+            try:
+                command(client, "LPUSH", RUNS_QUEUE, envelope)
+                return
+            except (redis.ConnectionError, redis.TimeoutError):
+                if attempt == SEND_RETRIES:
+                    raise
+                time.sleep(SEND_RETRY_STEP_SECONDS * attempt)
+
+    return push
+
+
+def _builder(app: Celery) -> Callable[[dict[str, str], str | None], str]:
+    """`build(kwargs, kwargsrepr)`: the envelope of one `tracon.runs.execute` message."""
+    amqp = app.amqp
+
+    def build(kwargs: dict[str, str], kwargsrepr: str | None) -> str:
         task_id = uuid()
         parent = app.current_worker_task  # a run sent by a run: its task's child, as Celery
         root_id = parent_id = None
@@ -126,17 +161,9 @@ def _pusher(app: Celery, client: redis.Redis) -> Callable[[dict[str, str], str |
         )
         # `send_task` also copies the reprs into the properties: the same envelope
         properties = {**message.properties, "argsrepr": "()", "kwargsrepr": kwargsrepr}
-        envelope = _envelope(message.headers, properties, message.body)
-        for attempt in range(SEND_RETRIES + 1):
-            try:
-                command(client, "LPUSH", RUNS_QUEUE, envelope)
-                return
-            except (redis.ConnectionError, redis.TimeoutError):
-                if attempt == SEND_RETRIES:
-                    raise
-                time.sleep(SEND_RETRY_STEP_SECONDS * attempt)
+        return _envelope(message.headers, properties, message.body)
 
-    return push
+    return build
 
 
 def _envelope(headers: dict[str, Any], properties: dict[str, Any], body: Any) -> str:

@@ -69,7 +69,7 @@ class WorkflowResumes:
 
     def _send(self, run: Run) -> Run:
         try:
-            self.dispatcher.send(run.id)
+            self.dispatcher.offer(run.id, run.tenant_id, run.priority)
         except EnqueueError as exc:  # the row is Queued: the requeue scan sends it
             log.warning("continuation %s not sent now (%s); the requeue scan sends it", run.id, exc)
         return run
@@ -86,5 +86,6 @@ def continuation(run: Run, attempt: int, resumable: bool) -> NewRun:
         continued_from_run_id=run.id,
         attempt=attempt,
         currency=run.cost_currency,
+        priority=run.priority,
         resumable=resumable,
     )

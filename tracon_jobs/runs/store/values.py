@@ -37,6 +37,7 @@ class NewRun:
     attempt: int = 1
     currency: str = "USD"
     resumable: bool = False  # a job owns it (submitted respond-async): it may be resumed
+    priority: int = 5  # 0-9, higher first within its tenant's share (`fair_share.PRIORITIES`)
     id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 

@@ -1,0 +1,158 @@
+"""Fair dispatch's store (`coordination.fair_share`): the same rules in memory and in real
+Redis (the same tests), and the Redis store pushing the messages it keeps to the run queue."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+import redis
+
+from tracon_jobs.coordination.fair_share import (
+    FairStore,
+    MemoryFairStore,
+    Offered,
+    RedisFairStore,
+)
+
+LOST_MS = 60_000
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest, redis_client: redis.Redis) -> FairStore:
+    if request.param == "memory":
+        return MemoryFairStore(LOST_MS)
+    return RedisFairStore(redis_client, LOST_MS)
+
+
+def offer(store: FairStore, run: str, tenant: str, priority: int = 5) -> Offered:
+    return store.offer(run, tenant, priority, None).outcome
+
+
+def test_with_no_worker_registered_every_run_is_sent_at_once(store: FairStore) -> None:
+    outcomes = [store.offer(f"a{i}", "A", 5, None) for i in range(20)]
+    assert all(o.outcome is Offered.SENT for o in outcomes)
+    assert [o.to_send for o in outcomes] == [[f"a{i}"] for i in range(20)]
+
+
+def test_a_backlog_lines_up_behind_the_slots_and_another_tenant_goes_next(
+    store: FairStore,
+) -> None:
+    # Given a worker with 2 slots and tenant A's 10 runs submitted
+    store.register("w1", 2, {})
+    outcomes = [offer(store, f"a{i}", "A") for i in range(10)]
+    assert outcomes == [Offered.SENT] * 2 + [Offered.LINED] * 8
+    # When tenant B submits one run
+    assert offer(store, "b0", "B") is Offered.LINED
+    # Then the next place that frees goes to B's run, not to A's 8 lined before it
+    assert store.take("a0") == ["b0"]
+    assert store.take("a1") == ["a2"]
+    assert store.take("b0") == ["a3"]
+    depth = store.depth()
+    assert (depth.sent, depth.lined, depth.tenants, depth.slots) == (2, 6, 1, 2)
+
+
+def test_weights_divide_the_places_among_tenants_with_lines(store: FairStore) -> None:
+    store.register("w1", 1, {"A": 3})
+    for i in range(40):
+        offer(store, f"a{i}", "A")
+        offer(store, f"b{i}", "B")
+    started: list[str] = []
+    run = "a0"  # the one sent at once
+    for _ in range(40):
+        (run,) = store.take(run)
+        started.append(run)
+    by_tenant = Counter(r[0] for r in started)
+    assert by_tenant == {"a": 30, "b": 10}
+
+
+def test_a_higher_priority_goes_first_within_its_tenants_share(store: FairStore) -> None:
+    store.register("w1", 1, {})
+    assert offer(store, "a0", "A") is Offered.SENT
+    for i in range(1, 5):
+        offer(store, f"a{i}", "A", priority=5)
+    offer(store, "urgent", "A", priority=9)
+    offer(store, "later", "A", priority=0)
+    order = []
+    run = "a0"
+    for _ in range(6):
+        (run,) = store.take(run)
+        order.append(run)
+    assert order == ["urgent", "a1", "a2", "a3", "a4", "later"]
+
+
+def test_a_tenant_back_after_an_idle_spell_keeps_what_it_used(store: FairStore) -> None:
+    """Stride scheduling: a tenant starts again at the pass last served, not at zero, so a
+    tenant that comes and goes gets no more than its share."""
+    store.register("w1", 1, {})
+    offer(store, "a0", "A")
+    for i in range(1, 6):
+        offer(store, f"a{i}", "A")
+    for i in range(3):
+        offer(store, f"b{i}", "B")
+    run, started = "a0", []
+    for _ in range(8):
+        (run,) = store.take(run)
+        started.append(run)
+    # a0 was A's (sent at once): B's runs go first, then they alternate
+    assert started == ["b0", "a1", "b1", "a2", "b2", "a3", "a4", "a5"]
+
+
+def test_a_resent_run_keeps_its_place_and_a_lost_one_is_sent_again(
+    redis_client: redis.Redis,
+) -> None:
+    store = RedisFairStore(redis_client, lost_after_ms=300)
+    store.register("w1", 1, {})
+    assert offer(store, "a0", "A") is Offered.SENT
+    assert offer(store, "a1", "A") is Offered.LINED
+    # the requeue scan sending both again: each keeps its place, nothing is sent twice
+    assert offer(store, "a0", "A") is Offered.ALREADY
+    assert offer(store, "a1", "A") is Offered.ALREADY
+    # a0's message was lost (no worker claimed it): its place frees after the time allowed
+    time.sleep(0.4)
+    assert store.register("w1", 1, {}) == ["a1"]
+    assert offer(store, "a0", "A") is Offered.LINED
+
+
+def test_a_run_claimed_from_a_stale_message_leaves_its_line(store: FairStore) -> None:
+    store.register("w1", 1, {})
+    offer(store, "a0", "A")
+    offer(store, "a1", "A")
+    offer(store, "a2", "A")
+    assert store.take("a2") == []  # an old message of a2 reached a worker first
+    assert store.take("a0") == ["a1"]
+    assert store.take("a1") == []
+    assert store.depth().lined == 0
+
+
+def test_a_worker_that_leaves_takes_its_slots_with_it(store: FairStore) -> None:
+    store.register("w1", 1, {})
+    store.register("w2", 1, {})
+    assert [offer(store, f"a{i}", "A") for i in range(3)] == [
+        Offered.SENT,
+        Offered.SENT,
+        Offered.LINED,
+    ]
+    store.leave("w2")
+    assert store.take("a0") == []  # one slot left, a1 still on its way
+    assert store.take("a1") == ["a2"]
+    store.leave("w1")  # no worker: the lines wait for one
+    offer(store, "a3", "A")
+    assert store.depth().slots is None
+    assert offer(store, "b0", "B") is Offered.SENT  # nothing to be fair about
+
+
+def test_the_redis_store_pushes_the_messages_it_kept_to_the_run_queue(
+    redis_client: redis.Redis,
+) -> None:
+    store = RedisFairStore(redis_client, LOST_MS, queue="q")
+    store.register("w1", 1, {})
+    first = store.offer("a0", "A", 5, "message a0")
+    second = store.offer("a1", "A", 5, "message a1")
+    assert (first.outcome, first.to_send) == (Offered.SENT, [])
+    assert (second.outcome, second.to_send) == (Offered.LINED, [])
+    assert redis_client.lrange("q", 0, -1) == [b"message a0"]
+    assert store.take("a0") == []
+    assert redis_client.lrange("q", 0, -1) == [b"message a1", b"message a0"]
+    assert redis_client.hlen("tracon:fair:messages") == 0

@@ -1,0 +1,71 @@
+"""A worker's slots in the fair lines (`coordination.fair_share`): registered as the worker
+becomes ready and every few seconds after, with the tenants' weights read from SQL; gone as
+it drains (and, were it killed, when its registration ends).
+
+Each registration also refills the runs on their way from the lines, so lines that waited
+for a worker (none was alive) move as soon as one is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_ready
+
+from tracon_jobs.coordination.fair_share import FairStore
+
+log = logging.getLogger(__name__)
+
+EVERY_SECONDS = 5.0
+
+
+class WorkerCapacity:
+    def __init__(
+        self,
+        app: Celery,
+        store: FairStore,
+        worker: str,
+        slots: int,
+        weights: Callable[[], dict[str, int]],
+        send: Callable[[list[str]], None],
+        draining: threading.Event,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.worker = worker
+        self.slots = slots
+        self.weights = weights
+        self.send = send  # runs handed over that the caller sends (no messages kept)
+        self.draining = draining
+        self._thread: threading.Thread | None = None
+
+    def install(self) -> None:
+        def on_ready(sender: Any = None, **_kwargs: Any) -> None:
+            if getattr(sender, "app", None) is self.app:
+                self.start()
+
+        worker_ready.connect(on_ready, weak=False)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="fair-capacity")
+            self._thread.start()
+
+    def register(self) -> None:
+        self.send(self.store.register(self.worker, self.slots, self.weights()))
+
+    def _run(self) -> None:
+        while not self.draining.is_set():
+            try:
+                self.register()
+            except Exception as exc:  # the next turn tries again; the registration lasts 15 s
+                log.warning("worker slots not registered for fair dispatch: %s", exc)
+            self.draining.wait(EVERY_SECONDS)
+        try:
+            self.store.leave(self.worker)
+        except Exception as exc:  # its registration ends by itself
+            log.warning("worker slots not withdrawn from fair dispatch: %s", exc)
