@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from functools import cached_property
@@ -190,7 +193,7 @@ class Runtime:
         return WorkerCapacity(
             app,
             self.fair_store,
-            self.owner_id,
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",  # this process
             self.settings.worker.concurrency,
             self.tenants.weights,
             self.dispatcher.send_all,

@@ -45,8 +45,13 @@ class WorkerCapacity:
 
     def install(self) -> None:
         def on_ready(sender: Any = None, **_kwargs: Any) -> None:
-            if getattr(sender, "app", None) is self.app:
-                self.start()
+            if getattr(sender, "app", None) is not self.app:
+                return
+            # the pool's size, which `-c` on the command line may have set
+            pool = getattr(getattr(sender, "controller", None), "concurrency", None)
+            if isinstance(pool, int) and pool > 0:
+                self.slots = pool
+            self.start()
 
         worker_ready.connect(on_ready, weak=False)
 
