@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from tests.helpers import MakeRuntime, ThreadWorker, scripted_agent, wait_until
-from tests.stub_provider import Reply, StubProvider, tool_call
+from tests.stub_provider import Reply, StubProvider, error, tool_call
 from tracon_jobs.runs.cancel import cancel_tree
 from tracon_jobs.runs.requeue import requeue_unclaimed
 from tracon_jobs.runs.store import NewRun
@@ -152,3 +152,88 @@ def test_a_parked_run_whose_process_died_is_sent_by_the_requeue_scan(
 
     assert run_id not in too_early.resent  # not before the time it was parked for
     assert run_id in late.resent
+
+
+def slot_limited(stub: StubProvider) -> dict[str, Any]:
+    config = scripted_agent([])
+    config["Providers"] = {"a": {"Kind": "openai", "BaseUrl": stub.base_url}}
+    config["Agents"]["demo"]["Model"] = {"provider": "a", "model": "gpt-a"}
+    config["ModelConcurrency"] = {"MaxConcurrentCallsPerProvider": 1}
+    config["Runs"] = {"ParkAfter": "00:00:00.200"}
+    return config
+
+
+def test_a_run_that_waited_past_park_after_for_a_slot_parks_and_goes_on_later(
+    make_runtime: MakeRuntime, sql_url: str, stub_provider: StubProvider
+) -> None:
+    runtime = make_runtime(sql_url, **slot_limited(stub_provider))
+    resent: list[str] = []
+    runtime.send_runs_with(resent.append)
+    # Given the provider's one slot held by another process's call
+    store = runtime.slots.store
+    assert store.try_acquire("a", "another-call", 1, 60_000)
+    stub_provider.enqueue(Reply("done"))
+    run_id = submit(runtime)
+    resent.clear()  # its first send
+    began = time.monotonic()
+
+    # When the run's call has waited Runs.ParkAfter for it
+    outcome = runtime.executor.execute(run_id)
+
+    # Then the run is parked (no event of a call started), its thread free
+    assert outcome == "Queued"
+    assert time.monotonic() - began < 2
+    parked = [e for e in runtime.runs.events(run_id) if e.type == "RunParked"]
+    assert len(parked) == 1 and parked[0].data["reason"] == "concurrency_slot"
+    assert "ModelCallStarted" not in types(runtime, run_id)
+    assert len(stub_provider.requests) == 0
+    # And once the slot is free it is sent again (at the expected wait) and completes
+    store.release("a", "another-call")
+    wait_until(lambda: run_id in resent, timeout=10, what="the parked run sent again")
+    assert runtime.executor.execute(run_id) == "Completed"
+    assert len(stub_provider.requests) == 1
+
+
+def test_with_park_on_open_circuit_a_run_refused_by_every_link_parks_until_the_reopen(
+    make_runtime: MakeRuntime, sqlite_url: str, stub_provider: StubProvider
+) -> None:
+    config = slot_limited(stub_provider)
+    del config["ModelConcurrency"]
+    config["CircuitBreaker"] = {"FailureThreshold": 1, "BreakDuration": "00:00:01"}
+    config["Runs"] = {"ParkOnOpenCircuit": True}
+    runtime = make_runtime(sqlite_url, **config)
+    resent: list[str] = []
+    runtime.send_runs_with(resent.append)
+    stub_provider.enqueue(error(500))
+    first = submit(runtime)
+    assert runtime.executor.execute(first) == "Failed"  # it opened the circuit
+    stub_provider.enqueue(Reply("after the break"))
+
+    run_id = submit(runtime)
+    resent.clear()  # its first send
+    assert runtime.executor.execute(run_id) == "Queued"
+
+    parked = [e for e in runtime.runs.events(run_id) if e.type == "RunParked"]
+    assert len(parked) == 1 and parked[0].data["reason"] == "circuit_open"
+    assert len(stub_provider.requests) == 1  # the refused run called nobody
+    wait_until(lambda: run_id in resent, timeout=10, what="sent again at the reopen")
+    outcome = runtime.executor.execute(run_id)
+    assert outcome == "Completed", [(e.type, e.data) for e in runtime.runs.events(run_id)]
+    done = runtime.runs.get(run_id)
+    assert done is not None and done.output == {"text": "after the break"}
+
+
+def test_without_park_on_open_circuit_a_refused_run_fails_fast_as_the_spec_says(
+    make_runtime: MakeRuntime, sqlite_url: str, stub_provider: StubProvider
+) -> None:
+    config = slot_limited(stub_provider)
+    del config["ModelConcurrency"]
+    config["CircuitBreaker"] = {"FailureThreshold": 1, "BreakDuration": "00:01:00"}
+    runtime = make_runtime(sqlite_url, **config)
+    runtime.send_runs_with(lambda _run_id: None)
+    stub_provider.enqueue(error(500))
+    assert runtime.executor.execute(submit(runtime)) == "Failed"
+    run_id = submit(runtime)
+    assert runtime.executor.execute(run_id) == "Failed"
+    run = runtime.runs.get(run_id)
+    assert run is not None and run.error_type == "provider_unavailable"

@@ -24,7 +24,7 @@ import redis
 from tracon_jobs import metrics
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.coordination.scripts import Scripts
-from tracon_jobs.errors import ProviderError
+from tracon_jobs.errors import MustPark, ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,7 @@ class Slots:
         self.limit = limit
         self.lease_ms = lease_ms
         self._held: dict[str, set[str]] = {}
+        self._mean_hold: dict[str, float] = {}
         self._lock = threading.Lock()
         self._renewer: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -146,18 +147,42 @@ class Slots:
         self._stopped.set()
 
     @contextlib.contextmanager
-    def hold(self, provider: str, signal: AbortSignal) -> Iterator[None]:
+    def hold(
+        self, provider: str, signal: AbortSignal, park_after: float | None = None
+    ) -> Iterator[None]:
+        """Hold a slot of `provider` for the block. With `park_after`, a wait that lasts
+        longer raises `MustPark` with the wait expected from here (its place is given up)."""
         if self.limit is None:
             yield
             return
         token = uuid.uuid4().hex
         try:
-            self._wait_for_slot(provider, token, signal)
+            self._wait_for_slot(provider, token, signal, park_after)
             self._track(provider, token)
+            held = time.monotonic()
             yield
         finally:
             self._untrack(provider, token)
             self._release(provider, token)
+        self._held_for(provider, time.monotonic() - held)
+
+    def _held_for(self, provider: str, seconds: float) -> None:
+        """A moving mean of how long this process's calls hold a slot (for the park time)."""
+        with self._lock:
+            mean = self._mean_hold.get(provider)
+            self._mean_hold[provider] = seconds if mean is None else 0.8 * mean + 0.2 * seconds
+
+    def expected_wait(self, provider: str) -> float:
+        """The wait for a slot from now: the calls waiting, a slot's turn each (this
+        process's mean hold), spread over the slots; at least a second."""
+        assert self.limit is not None
+        try:
+            _in_use, waiting = self.store.usage(provider)
+        except redis.RedisError:
+            waiting = self.limit
+        with self._lock:
+            mean = self._mean_hold.get(provider, 1.0)
+        return max(1.0, mean * (waiting + 1) / self.limit)
 
     def usage(self, provider: str) -> SlotUsage:
         if self.limit is None:
@@ -165,12 +190,17 @@ class Slots:
         in_use, waiting = self.store.usage(provider)
         return SlotUsage(provider, self.limit, in_use, waiting)
 
-    def _wait_for_slot(self, provider: str, token: str, signal: AbortSignal) -> None:
+    def _wait_for_slot(
+        self, provider: str, token: str, signal: AbortSignal, park_after: float | None = None
+    ) -> None:
         assert self.limit is not None
         started = time.monotonic()
         waited = False
         while not self._try_acquire(provider, token):
             waited = True
+            if park_after is not None and time.monotonic() - started >= park_after:
+                metrics.slot_wait(provider, time.monotonic() - started, waited)
+                raise MustPark("concurrency_slot", self.expected_wait(provider))
             if signal.wait(POLL_SECONDS):
                 metrics.slot_wait(provider, time.monotonic() - started, waited)
                 raise ProviderError(

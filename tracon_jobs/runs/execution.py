@@ -68,10 +68,11 @@ class RunParks(Exception):
 class LinkFailed(Exception):
     """A provider failure ended one link's loop."""
 
-    def __init__(self, error: ProviderError, transient: bool) -> None:
+    def __init__(self, error: ProviderError, transient: bool, *, refused: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.transient = transient
+        self.refused = refused  # by the link's open circuit: the provider was never called
 
 
 class LinkRejected(Exception):

@@ -17,6 +17,7 @@ ledger answers an exact repeat of a completed tool call only on a fallback link.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -112,6 +113,10 @@ from tracon_jobs.runs.toolcalls import (
 from tracon_jobs.settings import AgentSettings, Settings
 
 log = logging.getLogger(__name__)
+
+REOPEN_MARGIN_SECONDS = 0.05
+"""A run parked for an open circuit goes on this long after its reopen time: the timer that
+sends it again and the circuit's clock (Redis's) are not the same clock."""
 
 
 @dataclass(frozen=True)
@@ -426,6 +431,7 @@ class RunExecutor:
 
     def _tool_loop(self, ex: Execution) -> dict[str, Any]:
         failures: list[tuple[Link, ProviderError]] = []
+        refused: list[float] = []  # the reopen times of the links open circuits refused
         links = ex.agent.model.links()
         for position, (provider_name, model) in enumerate(links):
             link = self._link(position, provider_name, model)
@@ -435,8 +441,20 @@ class RunExecutor:
                 return self._link_loop(ex, link)
             except LinkFailed as failed:
                 failures.append((link, failed.error))
+                if failed.refused and failed.error.retry_after:
+                    refused.append(failed.error.retry_after)
                 if not failed.transient:
                     break
+        if self.settings.runs.park_on_open_circuit and len(refused) == len(failures) == len(links):
+            # every link refused by an open circuit, each with its reopen time: nothing was
+            # called, so the run goes on from where it was claimed once the first may probe
+            messages = list(ex.run.messages or initial_messages(ex.agent, ex.run))
+            raise self._park(
+                ex,
+                MustPark("circuit_open", min(refused) + REOPEN_MARGIN_SECONDS),
+                messages,
+                ex.run.turns_completed,
+            )
         raise RunFailure(chain_error(failures))
 
     def _announce_fallback(
@@ -467,12 +485,12 @@ class RunExecutor:
             )
         except ProviderError as exc:  # the circuit is open: the provider is never called
             self._attempt_log(ex, link, started, exc, rejected=True)
-            raise LinkFailed(exc, transient=True) from exc
+            raise LinkFailed(exc, transient=True, refused=True) from exc
         try:
             output = self._conversation(ex, link, admission)
         except LinkRejected as rejected:
             self._attempt_log(ex, link, started, rejected.error, rejected=True)
-            raise LinkFailed(rejected.error, transient=True) from rejected.error
+            raise LinkFailed(rejected.error, transient=True, refused=True) from rejected.error
         except LinkFailed as failed:
             self._attempt_log(ex, link, started, failed.error)
             raise
@@ -602,40 +620,43 @@ class RunExecutor:
             ticket = admission.ticket()
             cache_key, cached = self._cached(ex, link, request)
             limited = NOT_LIMITED  # a cached answer calls nobody: no rate limit holds it
+            slot = contextlib.ExitStack()  # the provider's concurrency slot, held for the call
             try:  # before the call is started: a call parked waits in no event of its own
                 if cached is None:
                     limited = self._rate_admitted(ex, link, request)
+                    park_after = self.settings.runs.park_after.total_seconds()
+                    slot.enter_context(
+                        self.slots.hold(link.provider_name, ex.signal, park_after=park_after)
+                    )
             except ProviderError as exc:  # canceled while it waited
                 raise self._model_call_failed(ex, link, ticket, exc) from exc
-            opened: dict[str, Any] = {"turn": index, **link.label()}
-            if cap is not None:
-                opened["maxOutputTokens"] = cap
-            started = self.runs.append(ex.claim, "ModelCallStarted", opened)
-            if cached is not None:
-                self._record_spend(ex, link, cached, index, reservation, cached=True)
-                return cached
-            writer = self._turn_writer(ex, link.provider, started.seq)
-            try:
-                with (
-                    self.slots.hold(link.provider_name, ex.signal),
-                    metrics.timed_model_call(link.provider_name, link.model),
-                ):
-                    provider = link.provider
-                    if writer is not None and can_stream(provider):
-                        response = provider.stream(request, ex.signal, writer.text)
-                        writer.close()
-                    else:
-                        response = provider.complete(request, ex.signal)
-            except ProviderError as exc:
-                if writer is not None:
-                    writer.withdraw()
-                if exc.status == 429:  # the provider's word: no call of it before then
-                    self.rate_limits.learn(link.provider_name, link.model, exc.retry_after)
-                raise self._model_call_failed(ex, link, ticket, exc) from exc
-            except BaseException:
-                if writer is not None:
-                    writer.withdraw()
-                raise
+            with slot:
+                opened: dict[str, Any] = {"turn": index, **link.label()}
+                if cap is not None:
+                    opened["maxOutputTokens"] = cap
+                started = self.runs.append(ex.claim, "ModelCallStarted", opened)
+                if cached is not None:
+                    self._record_spend(ex, link, cached, index, reservation, cached=True)
+                    return cached
+                writer = self._turn_writer(ex, link.provider, started.seq)
+                try:
+                    with metrics.timed_model_call(link.provider_name, link.model):
+                        provider = link.provider
+                        if writer is not None and can_stream(provider):
+                            response = provider.stream(request, ex.signal, writer.text)
+                            writer.close()
+                        else:
+                            response = provider.complete(request, ex.signal)
+                except ProviderError as exc:
+                    if writer is not None:
+                        writer.withdraw()
+                    if exc.status == 429:  # the provider's word: no call of it before then
+                        self.rate_limits.learn(link.provider_name, link.model, exc.retry_after)
+                    raise self._model_call_failed(ex, link, ticket, exc) from exc
+                except BaseException:
+                    if writer is not None:
+                        writer.withdraw()
+                    raise
             self._record_spend(ex, link, response, index, reservation, ticket=ticket)
             self.rate_limits.used(limited, response.usage.total_tokens)
             self.rate_limits.learn(link.provider_name, link.model, response.provider_wait)

@@ -196,8 +196,13 @@ MAX_TURNS: Final = 16
 """Model turns per run; stops a model that keeps calling tools forever."""
 
 PARK_AFTER: Final = timedelta(seconds=5)
-"""A model call that would wait longer than this for its provider's rate limits is parked:
-its run is queued again to go on once the limit has room, and its worker thread is free."""
+"""A model call that would wait longer than this for its provider's rate limits, or that has
+waited this long for a concurrency slot, is parked: its run is queued again to go on once it
+may (the rate limit has room; the slots' expected wait), and its worker thread is free."""
+
+PARK_ON_OPEN_CIRCUIT: Final = False
+"""Whether a run whose every link is refused by an open circuit is parked until the first of
+them may take a probe, instead of failing with the first refusal (the spec's fail-fast)."""
 
 CANCEL_ON_DISCONNECT: Final = False
 """Whether a `/v1` streaming answer's run is canceled when its client goes away before the end.

@@ -337,6 +337,7 @@ class RunsSettings(ConfigModel):
 
     requeue_after: PositiveDuration = defaults.REQUEUE_AFTER
     park_after: PositiveDuration = defaults.PARK_AFTER
+    park_on_open_circuit: Flag = defaults.PARK_ON_OPEN_CIRCUIT
     buffered_wait_timeout: PositiveDuration = defaults.BUFFERED_WAIT_TIMEOUT
     max_turns: AtLeastOne = defaults.MAX_TURNS
     cancel_on_disconnect: Flag = defaults.CANCEL_ON_DISCONNECT
