@@ -369,7 +369,7 @@ class Runtime:
     def close(self) -> None:
         if "leases" in self.__dict__:
             self.leases.release_all()
-        for service in ("live_runs", "cancel_bus", "slots"):
+        for service in ("live_runs", "cancel_bus", "slots", "resumer"):
             if service in self.__dict__:
                 self.__dict__[service].stop()
         self.providers.close_all()

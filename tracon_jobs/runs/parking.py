@@ -34,6 +34,11 @@ class Resumer:
         self.dispatcher = dispatcher
         self._lock = threading.Lock()
         self._due: Counter[str] = Counter()  # run id -> sends still to come
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """The process closes: sends still to come are left to the requeue scan."""
+        self._stopped.set()
 
     def at(self, run_id: str, seconds: float, after: str = "parked") -> None:
         """Send run `run_id` again in `seconds`; `after`: what it waited for (`RunResumed`)."""
@@ -51,6 +56,8 @@ class Resumer:
             self._due[run_id] -= 1
             if self._due[run_id] <= 0:
                 del self._due[run_id]
+        if self._stopped.is_set():
+            return
         try:
             self.resume(run_id, after)
         except Exception:  # the requeue scan sends it instead
