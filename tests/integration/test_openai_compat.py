@@ -678,3 +678,26 @@ def test_a_run_that_waits_for_an_approval_raises_naming_the_run_and_the_approval
     assert error.code == "run_waiting_for_approval" and error.status_code == 409
     assert error.response.headers["X-Tracon-Run-Id"] == run["id"]
     assert error.response.headers["Location"] == f"/api/runs/{run['id']}"
+
+
+def test_the_priority_header_sets_a_v1_runs_priority_and_a_bad_one_is_a_400(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    runtime, base, key = serve()
+    headers = {"Authorization": f"Bearer {key}", "X-Tracon-Priority": "8"}
+    body = {"model": "demo", "messages": USER}
+    done = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=20)
+    assert done.status_code == 200, done.text
+    [run] = api_runs(base, key)
+    found = runtime.runs.get(run["id"])
+    assert found is not None and found.priority == 8
+    for bad in ("10", "x", "-1"):
+        refused = httpx.post(
+            f"{base}/v1/chat/completions",
+            json=body,
+            headers={**headers, "X-Tracon-Priority": bad},
+            timeout=20,
+        )
+        assert refused.status_code == 400, (bad, refused.text)
+        assert "X-Tracon-Priority" in refused.text
+    assert len(api_runs(base, key)) == 1  # nothing written for a refused one

@@ -289,3 +289,30 @@ def test_health_readiness_and_openapi(client: FlaskClient) -> None:
     }
     assert {"model", "messages", "stream"} <= set(schemas["ChatCompletionRequest"]["properties"])
     assert {"model", "input", "stream"} <= set(schemas["ResponsesRequest"]["properties"])
+
+
+def test_a_submissions_priority_is_kept_on_its_run_and_a_bad_one_is_refused(
+    client: FlaskClient, key: str, runtime: Runtime
+) -> None:
+    urgent = client.post(
+        "/api/agents/demo/run",
+        json={"message": "hi", "priority": 9},
+        headers=auth(key, Prefer="respond-async"),
+    )
+    plain = client.post(
+        "/api/agents/demo/run", json={"message": "hi"}, headers=auth(key, Prefer="respond-async")
+    )
+    assert urgent.status_code == plain.status_code == 202
+    priorities = []
+    for response in (urgent, plain):
+        run = runtime.runs.get(response.get_json()["runId"])
+        assert run is not None
+        priorities.append(run.priority)
+    assert priorities == [9, 5]
+    for bad in (10, -1, "high"):
+        refused = client.post(
+            "/api/agents/demo/run", json={"message": "hi", "priority": bad}, headers=auth(key)
+        )
+        assert refused.status_code == 400, bad
+        assert refused.mimetype == "application/problem+json"
+        assert refused.get_json()["field"] == "priority"
