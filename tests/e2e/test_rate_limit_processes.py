@@ -26,7 +26,7 @@ import redis
 
 from tests.e2e.cluster import Cluster, wait_until
 from tests.helpers import ENDED, MakeRuntime, event_types
-from tests.stub_provider import Exchange, Reply, StubProvider
+from tests.stub_provider import Error, Exchange, Reply, StubProvider
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
@@ -287,3 +287,68 @@ def test_a_parked_run_whose_worker_is_killed_is_sent_by_the_requeue_scan_after_t
     assert len(owners) == 2 and owners[-1].split("/")[1] == str(survivor.popen.pid), owners
     assert run.enqueue_count >= 2, "sent again by the requeue scan"
     print(f"the second call came {timed.arrivals[1] - timed.arrivals[0]:.1f}s after the first")
+
+
+@pytest.mark.timeout(120)
+def test_the_providers_retry_after_and_headers_hold_every_worker_and_a_parked_run_cancels(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    timed_stubs: Callable[[], tuple[StubProvider, Timed]],
+) -> None:
+    # Given a limited provider (so its word is learned), two workers, runs that park after 2 s
+    stub, timed = timed_stubs()
+    config = agents_on(
+        {"slow": {"Kind": "openai", "BaseUrl": stub.base_url, "RequestsPerMinute": 1000}},
+        Runs={"ParkAfter": "00:00:02"},
+    )
+    cluster = make_cluster(sqlite_url, **config)
+    cluster.worker("w1", concurrency=2)
+    cluster.worker("w2", concurrency=2)
+    _web, base = cluster.web()
+    runtime = make_runtime(sqlite_url, **config)
+    key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant("acme")).secret
+    headers = {"Authorization": f"Bearer {key}"}
+
+    # When the provider answers a 429 with Retry-After: 6
+    stub.enqueue(Error(429, retry_after="6"))
+    refused = submit_async(base, headers, "slow", "refused")
+    wait_until(lambda: statuses(runtime, [refused]) == ["Failed"], timeout=20, what="the 429")
+    said = time.monotonic()
+    # Then the runs after it, on either worker, park and call only once the 6 s passed
+    held = [submit_async(base, headers, "slow", f"held-{n}") for n in range(4)]
+    doomed = submit_async(base, headers, "slow", "canceled")
+    wait_until(
+        lambda: all("RunParked" in event_types(runtime, r) for r in [*held, doomed]),
+        timeout=10,
+        what="the runs parked",
+    )
+    reasons = {
+        e.data["reason"] for r in held for e in runtime.runs.events(r) if e.type == "RunParked"
+    }
+    assert reasons == {"rate_limit"}
+    # And a parked run canceled over HTTP ends at once and is never sent to the provider
+    canceled = httpx.post(f"{base}/api/runs/{doomed}/cancel", headers=headers, timeout=10)
+    assert canceled.status_code == 202, canceled.text
+    wait_until(lambda: statuses(runtime, [doomed]) == ["Canceled"], timeout=3, what="canceled")
+    wait_until(lambda: all_completed(runtime, held), timeout=30, what="the held runs")
+    assert timed.count() == 4 and "canceled" not in timed.messages
+    assert min(timed.arrivals) - said >= 6 - LAG, min(timed.arrivals) - said
+    assert {
+        e.data["owner"].split("/")[1]
+        for r in held
+        for e in runtime.runs.events(r)
+        if e.type == "RunStarted"
+    } != set(), "claimed"
+
+    # When an answer says no requests remain until a reset 5 s away
+    spent = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "5s"}
+    stub.enqueue(Reply("spent", headers=spent))
+    last = submit_async(base, headers, "slow", "spent")
+    wait_until(lambda: all_completed(runtime, [last]), timeout=20, what="the spending run")
+    answered = time.monotonic()
+    after = submit_async(base, headers, "slow", "after")
+    # Then the next call, whichever worker takes it, waits for the reset (parked meanwhile)
+    wait_until(lambda: all_completed(runtime, [after]), timeout=30, what="the run after it")
+    assert timed.arrivals[-1] - answered >= 5 - LAG
+    assert "RunParked" in event_types(runtime, after)
