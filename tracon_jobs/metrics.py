@@ -26,6 +26,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,15 @@ def idempotency_outcome(outcome: str) -> None:
 CIRCUIT_STATES = ("closed", "open", "half_open")
 
 
+@dataclass(frozen=True)
+class FairState:
+    """Fair dispatch as Redis holds it (`coordination.fair_share`)."""
+
+    lined: dict[str, int]  # tenant id -> runs waiting in its line
+    on_their_way: int  # runs sent to the run queue, not yet claimed by a worker
+    slots: int | None  # the live workers' registered slots; None: no worker registered
+
+
 class StateCollector(Collector):
     """Cluster-wide state read from SQL and Redis on every scrape; nothing kept in memory.
 
@@ -296,7 +306,9 @@ class StateCollector(Collector):
         leases: Callable[[], Iterable[tuple[str, str | None]]] | None = None,
         draining: Callable[[], bool] | None = None,
         rates: Callable[[], Iterable[tuple[str, str, int, int, float]]] | None = None,
+        fair: Callable[[], FairState] | None = None,
     ) -> None:
+        self.fair = fair  # fair dispatch's lines, runs on their way, workers' slots
         self.rates = rates  # (scope, "requests" | "tokens", limit, used, seconds held)
         self.db = db
         self.circuits = circuits  # (provider, state, consecutive failures)
@@ -314,7 +326,7 @@ class StateCollector(Collector):
         except Exception:
             log.warning("metrics: SQL did not answer", exc_info=True)
             up.add_metric(["sql"], 0.0)
-        if self.circuits or self.slots or self.leases or self.rates:
+        if self.circuits or self.slots or self.leases or self.rates or self.fair:
             try:
                 yield from self._redis()
                 up.add_metric(["redis"], 1.0)
@@ -415,7 +427,50 @@ class StateCollector(Collector):
         yield used
         yield held
 
+    def _tenant_names(self, ids: Iterable[str]) -> dict[str, str]:
+        wanted = sorted(set(ids))
+        if not wanted:
+            return {}
+        with self.db.read() as session:
+            rows = session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(wanted)))
+            return {tenant_id: name for tenant_id, name in rows}
+
+    def _fair(self) -> Iterator[Any]:
+        assert self.fair is not None
+        state = self.fair()
+        on_their_way = GaugeMetricFamily(
+            "tracon_fair_on_their_way",
+            "Runs fair dispatch sent to the run queue that no worker claimed yet "
+            "(cluster-wide, from Redis)",
+        )
+        on_their_way.add_metric([], float(state.on_their_way))
+        yield on_their_way
+        if state.slots is not None:
+            slots = GaugeMetricFamily(
+                "tracon_worker_slots",
+                "Slots the live workers registered for fair dispatch: the sum of their pools' "
+                "sizes (cluster-wide, from Redis)",
+            )
+            slots.add_metric([], float(state.slots))
+            yield slots
+        try:
+            names = self._tenant_names(state.lined)
+        except Exception:  # SQL down: tracon_state_up{source="sql"} says so already
+            log.warning("metrics: tenant names for the fair lines not read", exc_info=True)
+            return
+        lined = GaugeMetricFamily(
+            "tracon_fair_lined",
+            "Runs waiting (Queued) in each tenant's fair-dispatch line, not yet sent to the run "
+            "queue; tenants with none lined are absent (from Redis)",
+            labels=["tenant"],
+        )
+        for tenant_id, count in sorted(state.lined.items()):
+            lined.add_metric([names.get(tenant_id, tenant_id)], float(count))
+        yield lined
+
     def _redis(self) -> Iterator[Any]:
+        if self.fair is not None:
+            yield from self._fair()
         if self.rates is not None:
             yield from self._rates()
         if self.circuits is not None:

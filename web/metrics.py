@@ -8,8 +8,8 @@ truth whichever process decided, expired or canceled: one GROUP BY over the rows
     tracon_approval_decisions_total{outcome}      counter (approved|rejected|expired|canceled)
     tracon_approval_decision_seconds{outcome}     histogram of decided_at - requested_at
 
-The rest (runs by status, circuits, slots, leases, drain, and the event counters) is
-described in `tracon_jobs.metrics` and docs/operations.md#metrics.
+The rest (runs by status, fair dispatch's lines, circuits, slots, leases, drain, and the event
+counters) is described in `tracon_jobs.metrics` and docs/operations.md#metrics.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from beat_schedules.schedule import APPROVAL_EXPIRY_TASK, IDEMPOTENCY_PURGE_TASK, RECONCILE_TASK
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Approval
-from tracon_jobs.metrics import StateCollector, event_collector
+from tracon_jobs.metrics import FairState, StateCollector, event_collector
 from tracon_jobs.runs.approvals import ApprovalStatus
 from tracon_jobs.runtime import Runtime
 
@@ -156,8 +156,14 @@ def state_collector(runtime: Runtime, draining: Callable[[], bool]) -> StateColl
                         usage.blocked_seconds,
                     )
 
+    def fair() -> FairState:
+        store = runtime.fair_store
+        depth = store.depth()
+        return FairState(store.lines(), depth.sent, depth.slots)
+
     return StateCollector(
         runtime.db,
+        fair=fair,
         circuits=circuits,
         slots=slots,
         leases=leases,

@@ -397,6 +397,21 @@ QUOTA_SCHEMA: dict[str, Any] = {
             "minimum": 1,
             "description": "most of the tenant's runs executing at once (null: no limit)",
         },
+        "weight": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "the tenant's share of fair dispatch while tenants have runs lined up",
+        },
+        "priority": {
+            "type": "object",
+            "required": ["default", "min", "max"],
+            "description": "the priorities a run may ask for; higher go first in its tenant's line",
+            "properties": {
+                "default": {"type": "integer"},
+                "min": {"type": "integer"},
+                "max": {"type": "integer"},
+            },
+        },
     },
 }
 STATISTICS_SCHEMA: dict[str, Any] = {

@@ -10,6 +10,7 @@ from decimal import Decimal
 
 from flask import Blueprint, Response, g, jsonify, request
 
+from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, PRIORITIES
 from tracon_jobs.limits.quota_store import utc_now, window_of
 from tracon_jobs.runtime import Runtime
 from web.auth import require_tenant, tenant_id
@@ -23,7 +24,8 @@ require_tenant(bp)
 
 @bp.get("/quota")
 def quota() -> Response:
-    """The tenant's quota and what it spent in the current period."""
+    """The tenant's quota and what it spent in the current period, its concurrency limit,
+    its weight in fair dispatch and the priorities its runs may ask for."""
     rt = runtime()
     usage = rt.quotas.usage(tenant_id())
     left = usage.left
@@ -36,8 +38,14 @@ def quota() -> Response:
             "resetsAt": f"{usage.window.end:%Y-%m-%dT%H:%M:%SZ}",
             "currency": rt.settings.pricing.currency,
             "maxConcurrentRuns": max_concurrent_runs(rt, tenant_id()),
+            "weight": rt.tenants.weight(tenant_id()),
+            "priority": PRIORITY_RANGE,
         }
     )
+
+
+PRIORITY_RANGE = {"default": DEFAULT_PRIORITY, "min": min(PRIORITIES), "max": max(PRIORITIES)}
+"""The priorities a run may ask for (higher first within its tenant's line)."""
 
 
 def max_concurrent_runs(rt: Runtime, tenant: str) -> int | None:

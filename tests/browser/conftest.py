@@ -82,6 +82,12 @@ SECTIONS: dict[str, Any] = {
                 {"Text": "never"},
             ],
         },
+        "held": {
+            "Kind": "scripted",
+            "RequestsPerMinute": 600,
+            "TokensPerMinute": 100_000,
+            "Script": [{"Text": "after the wait"}],
+        },
         "gate": {
             "Kind": "scripted",
             "Script": [
@@ -106,6 +112,7 @@ SECTIONS: dict[str, Any] = {
             "Tools": ["slow_step"],
         },
         "long": {"Model": {"provider": "long", "model": "support-model"}, "Tools": ["slow_step"]},
+        "held": {"Model": {"provider": "held", "model": "support-model"}},
         "closer": {
             "Model": {"provider": "gate", "model": "support-model"},
             "Tools": ["close_account"],

@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.conftest import Console
+from tracon_jobs.runs.cancel import cancel_tree
 
 pytestmark = pytest.mark.browser
 
@@ -155,7 +156,7 @@ def test_the_circuits_page_lists_every_provider(console: Console) -> None:
     console.page.goto(console.url("/circuits"))
 
     rows = console.page.locator("tr[data-provider]")
-    expect(rows).to_have_count(5)
+    expect(rows).to_have_count(6)
     expect(console.page.locator("tr[data-provider=scripted]")).to_contain_text("closed")
     console.screenshot("circuits")
 
@@ -176,6 +177,64 @@ def test_the_statistics_page_plots_runs_tokens_and_cost(console: Console) -> Non
     console.screenshot("statistics")
     console.page.click("text=Last 7 days")
     expect(console.page.locator("svg.plot")).to_have_count(6)
+
+
+def test_the_statistics_page_shows_the_tenants_runs_in_dispatch_and_the_rate_limits(
+    console: Console,
+) -> None:
+    rt = console.runtime
+    acme, globex = rt.tenants.ensure_tenant("acme"), rt.tenants.ensure_tenant("globex")
+    # Given a Running run, a Waiting one, and one parked by its provider's rate limit
+    running = console.submit("long")
+    console.wait_for_event(running, "ToolCallStarted")
+    console.wait_for(console.submit("closer"), "Waiting")
+    rt.rate_limits.learn("held", "support-model", 120)  # the provider said: wait 2 minutes
+    console.wait_for_event(console.submit("held"), "RunParked")
+    # and another tenant's parked run, which acme's page must not count
+    console.wait_for_event(console.submit("held", key=console.other_key), "RunParked")
+    # and a worker of one slot whose one place a message on its way takes: acme's next two
+    # runs wait in acme's fair line, Queued
+    rt.fair_store.register("w1", 1, {acme: 3})
+    rt.tenants.set_weight(acme, 3)
+    rt.tenants.set_max_concurrent_runs(acme, 4)
+    rt.fair_store.offer("a-message-on-its-way", globex, 5, None)
+    lined = [console.submit("support"), console.submit("support")]
+    assert rt.fair_store.lines() == {acme: 2}
+    console.sign_in()
+
+    console.page.goto(console.url("/statistics"))
+
+    dispatch = console.page.locator("#dispatch")
+    expect(dispatch.locator("[data-count=queued] .big")).to_have_text("3")  # 2 lined, 1 parked
+    expect(dispatch.locator("[data-count=lined] .big")).to_have_text("2")
+    expect(dispatch.locator("[data-count=running] .big")).to_have_text("1")
+    expect(dispatch.locator("[data-count=waiting] .big")).to_have_text("1")
+    expect(dispatch.locator("[data-setting=weight] .big")).to_have_text("3")
+    expect(dispatch.locator("[data-setting=max-concurrent-runs] .big")).to_have_text("4")
+    expect(dispatch.locator("table.parked tbody tr")).to_have_count(1)
+    expect(dispatch.locator("tr[data-reason=rate_limit] td.num")).to_have_text("1")
+    expect(dispatch).to_contain_text("cluster-wide")
+    held = dispatch.locator("tr[data-scope=held]")
+    expect(held).to_contain_text("/ 600 a minute")
+    expect(held).to_contain_text("/ 100000 a minute")
+    expect(held.locator("td").nth(4)).to_contain_text(" s")  # the provider's wait holds it
+    expect(dispatch.locator("table.rate-limits tbody tr")).to_have_count(1)
+    console.screenshot("statistics-dispatch")
+
+    # and the other tenant sees its own runs only
+    console.page.context.clear_cookies()
+    console.sign_in(console.other_key)
+    console.page.goto(console.url("/statistics"))
+    expect(dispatch.locator("[data-count=queued] .big")).to_have_text("1")
+    expect(dispatch.locator("[data-count=lined] .big")).to_have_text("0")
+    expect(dispatch.locator("[data-count=running] .big")).to_have_text("0")
+    expect(dispatch.locator("tr[data-reason=rate_limit] td.num")).to_have_text("1")
+    expect(dispatch.locator("[data-setting=weight] .big")).to_have_text("1")
+    assert [console.wait_for(run_id, "Queued").status for run_id in lined] == ["Queued"] * 2
+    long_run = rt.runs.get(running)
+    assert long_run is not None
+    cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, long_run)
+    console.wait_for(running, "Canceled")
 
 
 def test_a_post_without_the_csrf_token_is_refused(console: Console) -> None:

@@ -156,3 +156,33 @@ def test_the_redis_store_pushes_the_messages_it_kept_to_the_run_queue(
     assert store.take("a0") == []
     assert redis_client.lrange("q", 0, -1) == [b"message a1", b"message a0"]
     assert redis_client.hlen("tracon:fair:messages") == 0
+
+
+def test_lines_count_each_tenants_lined_runs_and_change_nothing(store: FairStore) -> None:
+    # Given no runs lined, then a worker with 1 slot, A's 4 runs and B's 2
+    assert store.lines() == {}
+    store.register("w1", 1, {})
+    for i in range(4):
+        offer(store, f"a{i}", "A")
+    for i in range(2):
+        offer(store, f"b{i}", "B", priority=9)
+    # Then each tenant's line counts its runs waiting (A's first went at once)
+    assert store.lines() == {"A": 3, "B": 2}
+    assert store.lines() == {"A": 3, "B": 2}  # reading changes nothing
+    depth = store.depth()
+    assert (depth.sent, depth.lined, depth.tenants) == (1, 5, 2)
+    # and a run that leaves its line (sent, or claimed from a stale message) leaves the count
+    assert store.take("a0") == ["b0"]
+    assert store.lines() == {"A": 3, "B": 1}
+    store.take("a3")  # a stale message of a run still lined, claimed first
+    assert store.lines() == {"A": 2, "B": 1}
+
+
+def test_a_tenant_whose_line_emptied_is_not_in_the_lines(store: FairStore) -> None:
+    store.register("w1", 1, {})
+    offer(store, "a0", "A")
+    offer(store, "b0", "B")
+    assert store.lines() == {"B": 1}
+    assert store.take("a0") == ["b0"]
+    assert store.lines() == {}
+    assert store.depth().lined == 0

@@ -159,6 +159,57 @@ def test_metrics_show_runs_by_status_agent_and_tenant_from_sql(
     assert value(text, "tracon_approvals_pending") == 0
 
 
+def test_metrics_show_each_tenants_fair_line_runs_on_their_way_and_workers_slots(
+    client: FlaskClient, runtime: Runtime, key: str
+) -> None:
+    acme = runtime.tenants.ensure_tenant("acme")
+    globex = runtime.tenants.ensure_tenant("globex")
+    store = runtime.fair_store
+    # Given no worker registered: no slots are shown, nothing is lined or on its way
+    text = client.get("/metrics").get_data(as_text=True)
+    assert value(text, "tracon_worker_slots") is None
+    assert value(text, "tracon_fair_on_their_way") == 0
+    assert samples(text, "tracon_fair_lined") == []
+    # When a worker registers 2 slots, acme offers 5 runs and globex 1
+    store.register("w1", 2, {})
+    for i in range(5):
+        store.offer(f"a{i}", acme, 5, None)
+    store.offer("g0", globex, 5, None)
+    text = client.get("/metrics").get_data(as_text=True)
+    # Then the lines are counted per tenant by name, with the runs on their way and the slots
+    assert value(text, "tracon_fair_lined", tenant="acme") == 3
+    assert value(text, "tracon_fair_lined", tenant="globex") == 1
+    assert value(text, "tracon_fair_on_their_way") == 2
+    assert value(text, "tracon_worker_slots") == 2
+    assert "# TYPE tracon_fair_lined gauge\n" in text
+    # and a claim that lets globex's run go leaves globex out of the lines
+    assert store.take("a0") == ["g0"]
+    text = client.get("/metrics").get_data(as_text=True)
+    assert value(text, "tracon_fair_lined", tenant="globex") is None
+    assert value(text, "tracon_fair_lined", tenant="acme") == 3
+    # and once the worker leaves, no slots are shown
+    store.leave("w1")
+    text = client.get("/metrics").get_data(as_text=True)
+    assert value(text, "tracon_worker_slots") is None
+
+
+def test_a_redis_that_does_not_answer_drops_the_fair_series_not_the_scrape(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    rt = make_runtime(sql_url, Redis={"Url": down}, **two_agents())
+    app = create_app(rt, {"TESTING": True})
+
+    response = app.test_client().get("/metrics")
+
+    assert response.status_code == 200
+    text = response.get_data(as_text=True)
+    assert value(text, "tracon_state_up", source="redis") == 0
+    assert value(text, "tracon_state_up", source="sql") == 1
+    assert value(text, "tracon_fair_on_their_way") is None
+    assert samples(text, "tracon_fair_lined") == []
+
+
 def test_metrics_name_every_histogram_and_counter_operators_alert_on(
     client: FlaskClient,
 ) -> None:
@@ -186,6 +237,7 @@ def test_metrics_name_every_histogram_and_counter_operators_alert_on(
         ("tracon_lease_held", "gauge"),
         ("tracon_idempotency_records", "gauge"),
         ("tracon_web_draining", "gauge"),
+        ("tracon_fair_on_their_way", "gauge"),
     ]:
         exposed = f"{name}_total" if kind == "counter" else name
         assert f"# TYPE {exposed} {kind}\n" in text, name

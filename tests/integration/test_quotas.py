@@ -350,7 +350,15 @@ def test_get_quota_shows_the_period_limit_use_and_reset(
         "resetsAt": f"{window_of('day').end:%Y-%m-%dT%H:%M:%SZ}",
         "currency": "USD",
         "maxConcurrentRuns": None,
+        "weight": 1,
+        "priority": {"default": 5, "min": 0, "max": 9},
     }
+
+    web_runtime.tenants.set_weight(acme, 3)
+    web_runtime.tenants.set_max_concurrent_runs(acme, 2)
+    body = client.get("/api/quota", headers=auth(key)).get_json()
+    assert (body["weight"], body["maxConcurrentRuns"]) == (3, 2)
+    assert body["priority"] == {"default": 5, "min": 0, "max": 9}
 
     web_runtime.quotas.set_quota(acme, "month", Decimal("1.5"))
     run_agent(web_runtime, acme)

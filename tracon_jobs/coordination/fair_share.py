@@ -77,6 +77,10 @@ class FairStore(Protocol):
 
     def depth(self) -> Depth: ...
 
+    def lines(self) -> dict[str, int]:
+        """Each tenant with runs lined up: how many wait in its line (read only)."""
+        ...
+
 
 def fair_ids(reply: object) -> list[str]:
     """The run ids the caller sends, from a script's reply (`{outcome, ids...}`)."""
@@ -142,6 +146,10 @@ class RedisFairStore:
     def depth(self) -> Depth:
         sent, lined, tenants, slots = (int(str(x)) for x in self._call("depth"))
         return Depth(sent, lined, tenants, None if slots < 0 else slots)
+
+    def lines(self) -> dict[str, int]:
+        reply = _ids(self._call("lines"))
+        return {tenant: int(n) for tenant, n in zip(reply[::2], reply[1::2], strict=True)}
 
 
 class MemoryFairStore:
@@ -253,3 +261,7 @@ class MemoryFairStore:
             now = self._now()
             self._expire(now)
             return Depth(len(self._sent), len(self._lined), len(self._passes), self._capacity(now))
+
+    def lines(self) -> dict[str, int]:
+        with self._lock:
+            return {tenant: len(line) for tenant, line in self._lines.items() if line}

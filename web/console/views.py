@@ -34,6 +34,7 @@ from web.console.session import (
     signed_in_tenant,
 )
 from web.extensions import runtime
+from web.quota import max_concurrent_runs
 from web.runs import encode_cursor
 
 
@@ -218,4 +219,34 @@ def statistics() -> str:
         groups=groups,
         totals=rt.runs.statistics(current_tenant()),
         currency=rt.settings.pricing.currency,
+        dispatch=dispatch_context(),
     )
+
+
+def dispatch_context() -> dict[str, Any]:
+    """The signed-in tenant's runs waiting in its fair line and parked, its weight and
+    concurrency limit; and the providers' rate-limit headroom (cluster-wide). A Redis that
+    does not answer leaves the Redis parts None (shown as such), the rest stays."""
+    rt = runtime()
+    tenant = current_tenant()
+    lined: int | None
+    rates: list[dict[str, Any]] | None
+    try:
+        lined = rt.fair_store.lines().get(tenant, 0)
+    except redis.RedisError:
+        lined = None
+    try:
+        rates = [
+            {"provider": name, **usage.as_json()}
+            for name in sorted(rt.settings.providers)
+            for usage in rt.rate_limits.usage(name)
+        ]
+    except redis.RedisError:
+        rates = None
+    return {
+        "lined": lined,
+        "parked": rt.runs.parked(tenant),
+        "weight": rt.tenants.weight(tenant),
+        "max_concurrent_runs": max_concurrent_runs(rt, tenant),
+        "rates": rates,
+    }

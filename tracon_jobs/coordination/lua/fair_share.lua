@@ -21,6 +21,7 @@
 --                                                                    -> {0, run ids to send...}
 --   leave:    ARGV[4] worker                                         -> {0}
 --   depth:    -> {sent, lined, tenants with lines, slots (-1: no worker registered)}
+--   lines:    -> {tenant, runs in its line, tenant, runs, ...} (read only: tenants with runs lined)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local sent, lines, messages, lined, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -160,5 +161,15 @@ elseif op == 'depth' then
   local cap = capacity()
   return {redis.call('ZCARD', sent), redis.call('HLEN', lined), redis.call('ZCARD', lines),
           cap == nil and -1 or cap}
+elseif op == 'lines' then
+  local reply = {}
+  for _, tenant in ipairs(redis.call('ZRANGE', lines, 0, -1)) do
+    local n = redis.call('ZCARD', prefix .. tenant)
+    if n > 0 then
+      reply[#reply + 1] = tenant
+      reply[#reply + 1] = n
+    end
+  end
+  return reply
 end
 return redis.error_reply('fair_share: unknown op ' .. tostring(op))

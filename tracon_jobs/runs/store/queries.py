@@ -12,7 +12,8 @@ from sqlalchemy import (
 )
 
 from tracon_jobs.db import Database
-from tracon_jobs.db.models import Run
+from tracon_jobs.db.models import Run, RunEvent
+from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store.statements import (
     _EVENTS_AFTER,
     _RUN_OF_TENANT,
@@ -82,6 +83,26 @@ class RunQueries:
         )
         with self.db.read() as session:
             return list(session.scalars(query))
+
+    def parked(self, tenant_id: str) -> dict[str, int]:
+        """A tenant's parked runs by reason: `Queued` runs whose last event is `RunParked`
+        (a `RunResumed` after it: sent again, no longer parked). A run held back by its
+        tenant's concurrency limit writes no event, so it is not among them."""
+        query = (
+            select(RunEvent.data)
+            .join(Run, (RunEvent.run_id == Run.id) & (RunEvent.seq == Run.event_seq))
+            .where(
+                Run.tenant_id == tenant_id,
+                Run.status == RunStatus.QUEUED.value,
+                RunEvent.type == "RunParked",
+            )
+        )
+        reasons: dict[str, int] = {}
+        with self.db.read() as session:
+            for data in session.scalars(query):
+                reason = str((data or {}).get("reason") or "unknown")
+                reasons[reason] = reasons.get(reason, 0) + 1
+        return dict(sorted(reasons.items()))
 
     def statistics(self, tenant_id: str, agent: str | None = None) -> RunStatistics:
         """A tenant's runs (of one agent when named) counted per status, and their runs,
