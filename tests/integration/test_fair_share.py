@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
 
+from tests.helpers import MakeRuntime, as_the_command_line
+from tracon_jobs.cli import main
 from tracon_jobs.coordination.fair_share import (
     FairStore,
     MemoryFairStore,
@@ -186,3 +190,33 @@ def test_a_tenant_whose_line_emptied_is_not_in_the_lines(store: FairStore) -> No
     assert store.take("a0") == ["b0"]
     assert store.lines() == {}
     assert store.depth().lined == 0
+
+
+def test_tenants_weight_sets_shows_and_clears_in_sql_and_in_the_lines(
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    redis_url: str,
+    redis_client: redis.Redis,
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = write_config(Database={"Url": sqlite_url}, Redis={"Url": redis_url})
+    as_the_command_line(monkeypatch, tmp_path, path)
+    runtime = make_runtime(sqlite_url)
+    acme = runtime.tenants.ensure_tenant("acme")
+
+    assert main(["tenants", "weight", "acme"]) == 0
+    assert "weight 1" in capsys.readouterr().out
+    assert main(["tenants", "weight", "acme", "3"]) == 0
+    assert "weight 3" in capsys.readouterr().out
+    assert runtime.tenants.weight(acme) == 3 and runtime.tenants.weights() == {acme: 3}
+    assert redis_client.hget("tracon:fair:state", f"w:{acme}") == b"3"
+    assert main(["tenants", "weight", "acme", "--clear"]) == 0
+    assert runtime.tenants.weight(acme) == 1
+    assert redis_client.hget("tracon:fair:state", f"w:{acme}") == b"1"
+    for bad in ("0", "101", "x"):
+        with pytest.raises(SystemExit):
+            main(["tenants", "weight", "acme", bad])
+    assert main(["tenants", "weight", "acme", "3", "--clear"]) != 0

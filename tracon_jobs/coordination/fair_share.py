@@ -131,7 +131,11 @@ class RedisFairStore:
     def take(self, run_id: str) -> list[str]:
         return _ids(self._call("take", run_id)[1:])
 
-    def take_later(self, run_id: str) -> Later:
+    def take_later(self, run_id: str) -> Later | None:
+        """None unless this store pushes messages itself: runs handed over that the caller
+        sends must go now, not when the claim's next Redis call is made."""
+        if self.queue is None:
+            return None
         return self.scripts.later(
             "fair_share", self.keys, ["take", self.line_prefix, self.lost_after_ms, run_id]
         )

@@ -211,7 +211,10 @@ class RunExecutor:
             # Redis calls nobody waits for (a spend, a success) go with the next call on the
             # same client, at the latest with the final event's publish: one round trip
             with logs.run_context(run_id, agent=run.agent), deferring():
-                taken = self._taken_later(run_id)  # with the claim's first Redis call
+                if run.kind == "agent" and not unanswered_calls(run.messages or []):
+                    taken = self._taken_later(run_id)  # with its first model call's gate
+                else:  # a workflow, or tool calls first: the lines must not wait for them
+                    self._taken(run_id)
                 return self._execute_claimed(claim, run, own_quota)
         except ClaimedElsewhere:  # a duplicate delivery that lost the race: nothing ran here
             log.info("run %s was claimed by another worker first; delivery dropped", run_id)
