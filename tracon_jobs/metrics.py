@@ -74,7 +74,10 @@ RUN_DELIVERIES = Counter(
     ["outcome"],
 )
 RUN_MESSAGES = Counter(
-    "tracon_run_messages_sent", "Run messages sent to the broker, by outcome", ["outcome"]
+    "tracon_run_messages_sent",
+    "Run messages sent to the broker, by outcome (a message the fair lines keep counts when "
+    "this process handed it to them)",
+    ["outcome"],
 )
 MODEL_CALL_SECONDS = Histogram(
     "tracon_model_call_duration_seconds",

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import redis
 
-from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, FairStore
+from tracon_jobs import metrics
+from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, FairStore, Offered
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.lifecycle import ErrorClass, RunError
@@ -106,6 +107,8 @@ class RunDispatcher:
             log.warning("fair lines unreachable; run %s is sent at once: %s", run_id, exc)
             self.send(run_id)
             return
+        if message is not None and offer.outcome is not Offered.ALREADY:
+            metrics.message_sent(ok=True)  # pushed now, or kept to be pushed in its turn
         self.send_all(offer.to_send, first=run_id)
 
     def send_all(self, run_ids: list[str], first: str | None = None) -> None:
