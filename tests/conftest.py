@@ -56,6 +56,19 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, interrupted)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that wait longest first, then the other real-process tests, then the rest:
+    with `-n`, a minute-long wait started last would be the session's tail, and the tests
+    that compute fill the time the waiting ones leave."""
+
+    def order(item: pytest.Item) -> int:
+        if item.get_closest_marker("long") is not None:
+            return 0
+        return 1 if item.get_closest_marker("e2e") is not None else 2
+
+    items.sort(key=order)  # stable: each group keeps its order
+
+
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 XDIST_INDEX = int(_XDIST_WORKER[2:]) if _XDIST_WORKER.startswith("gw") else 0
 REDIS_DBS_PER_PROCESS = 3

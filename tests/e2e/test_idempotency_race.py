@@ -128,6 +128,7 @@ def test_twenty_concurrent_duplicates_across_two_web_processes_execute_once(
     assert len(runtime.runs.page(tenant, RunFilter(), limit=10, before=None)) == 1
 
 
+@pytest.mark.long
 def test_a_crash_after_reservation_leaves_in_progress_for_the_operator_to_release(
     make_cluster: Callable[..., Cluster], make_runtime: MakeRuntime, sql_url: str
 ) -> None:

@@ -135,6 +135,7 @@ def starts_in_redis(client: redis.Redis, scope: str) -> dict[str, float]:
     return {call.decode(): score / 1000 for call, score in entries}
 
 
+@pytest.mark.long
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("sql_url", ["postgresql"], indirect=True)
 def test_a_provider_at_20_a_minute_shared_by_three_workers_parks_the_rest_of_its_runs(
@@ -230,6 +231,7 @@ def test_a_provider_at_20_a_minute_shared_by_three_workers_parks_the_rest_of_its
     print(f"free runs completed in {free_took:.1f}s, slow runs in {slow_took:.1f}s")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(150)
 def test_a_parked_run_whose_worker_is_killed_is_sent_by_the_requeue_scan_after_the_window(
     make_cluster: Callable[..., Cluster],
