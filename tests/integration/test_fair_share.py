@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.helpers import MakeRuntime, as_the_command_line
+from tests.helpers import MakeRuntime, as_the_command_line, scripted_agent
 from tracon_jobs.cli import main
 from tracon_jobs.coordination.fair_share import (
     FairStore,
@@ -19,6 +19,8 @@ from tracon_jobs.coordination.fair_share import (
     Offered,
     RedisFairStore,
 )
+from tracon_jobs.runs.cancel import cancel_tree
+from tracon_jobs.runs.store import NewRun
 
 LOST_MS = 60_000
 
@@ -220,3 +222,31 @@ def test_tenants_weight_sets_shows_and_clears_in_sql_and_in_the_lines(
         with pytest.raises(SystemExit):
             main(["tenants", "weight", "acme", bad])
     assert main(["tenants", "weight", "acme", "3", "--clear"]) != 0
+
+
+def test_a_lined_run_canceled_leaves_its_line(
+    make_runtime: MakeRuntime, sqlite_url: str, redis_client: redis.Redis
+) -> None:
+    runtime = make_runtime(sqlite_url, **scripted_agent([{"Text": "hi"}]))
+    sent: list[str] = []
+    runtime.send_runs_with(sent.append)
+    store = runtime.dispatcher.fair
+    assert store is not None
+    store.store.register("w1", 1, {})
+    tenant = runtime.tenants.ensure_tenant("acme")
+    first, second, third = (
+        runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": m})).id for m in "abc"
+    )
+    assert sent == [first] and store.store.depth().lined == 2
+    # When the second, waiting in its line, is canceled
+    run = runtime.runs.get(second)
+    assert run is not None
+    cancel_tree(
+        runtime.runs, runtime.cancel_bus, runtime.approval_store, run, runtime.dispatcher.taken
+    )
+    # Then it left the line (nothing of it is ever sent) and the third keeps its turn
+    assert store.store.depth().lined == 1
+    canceled = runtime.runs.get(second)
+    assert canceled is not None and canceled.status == "Canceled"
+    runtime.dispatcher.taken(first)  # the first one's claim
+    assert sent == [first, third]

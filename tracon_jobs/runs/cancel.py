@@ -8,6 +8,8 @@ worker process for the ones already running.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tracon_jobs.coordination.cancellation import CancelBus
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.approvals import ApprovalStore
@@ -15,14 +17,23 @@ from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import RunStore
 
 
-def cancel_tree(runs: RunStore, bus: CancelBus, approvals: ApprovalStore, run: Run) -> list[str]:
-    """Cancel `run` (live) and its live descendants; the ids the request reached."""
+def cancel_tree(
+    runs: RunStore,
+    bus: CancelBus,
+    approvals: ApprovalStore,
+    run: Run,
+    left: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Cancel `run` (live) and its live descendants; the ids the request reached. `left(id)`
+    hears of each `Queued` run closed (it leaves its tenant's fair line)."""
     live = [r for r in runs.subtree(run) if not RunStatus(r.status).is_terminal]
     marked = set(runs.request_cancel(live))
     reached = []
     for target in live:
         if target.status == RunStatus.QUEUED.value and runs.cancel_queued(target.id):
             reached.append(target.id)
+            if left is not None:
+                left(target.id)
             continue
         if target.status == RunStatus.WAITING.value and approvals.cancel_waiting(target.id):
             reached.append(target.id)

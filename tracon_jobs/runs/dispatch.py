@@ -111,6 +111,16 @@ class RunDispatcher:
             metrics.message_sent(ok=True)  # pushed now, or kept to be pushed in its turn
         self.send_all(offer.to_send, first=run_id)
 
+    def taken(self, run_id: str) -> None:
+        """The run no longer waits (a worker claimed it, it was canceled): it leaves its
+        tenant's line, and the runs it makes room for are sent."""
+        if self.fair is None:
+            return
+        try:
+            self.send_all(self.fair.store.take(run_id))
+        except redis.RedisError as exc:  # its place frees itself after Runs.RequeueAfter
+            log.warning("fair lines not told of run %s: %s", run_id, exc)
+
     def send_all(self, run_ids: list[str], first: str | None = None) -> None:
         """Send the runs the fair lines handed over (`first`, the caller's own run, raises
         when refused; another run refused is logged, and the requeue scan sends it)."""

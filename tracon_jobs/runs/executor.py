@@ -230,12 +230,8 @@ class RunExecutor:
 
     def _taken(self, run_id: str) -> None:
         """The fair lines hear that a worker took `run_id`; the runs it makes room for go."""
-        if self.dispatcher is None or self.dispatcher.fair is None:
-            return
-        try:
-            self.dispatcher.send_all(self.dispatcher.fair.store.take(run_id))
-        except redis.RedisError as exc:  # its place frees itself after Runs.RequeueAfter
-            log.warning("fair lines not told of run %s: %s", run_id, exc)
+        if self.dispatcher is not None:
+            self.dispatcher.taken(run_id)
 
     def _taken_later(self, run_id: str) -> Later | None:
         """`_taken`, sent with the next Redis call of this thread (none: at once)."""
