@@ -224,12 +224,13 @@ def test_an_unreachable_redis_raises_and_the_elector_says_not_owner(
 
 
 def test_an_elector_on_redis_renews_in_the_background(redis_store: RedisLeaseStore) -> None:
-    # Given an owner with a 600 ms lease renewed every 200 ms by its own thread
-    owner = Singleton(redis_store, "a", 600)
-    other = Singleton(redis_store, "b", 600, background=False)
+    # Given an owner with a 1.5 s lease renewed every 0.5 s by its own thread (a second of
+    # slack: a 600 ms lease once ran out on a machine busy with real-process tests)
+    owner = Singleton(redis_store, "a", 1500)
+    other = Singleton(redis_store, "b", 1500, background=False)
     assert owner.is_owner(NAME)
     # When two lease durations pass
-    deadline = time.monotonic() + 1.2
+    deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
         assert owner.still_owner(NAME)
         assert not other.is_owner(NAME)
