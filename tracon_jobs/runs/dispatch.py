@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import redis
 
 from tracon_jobs import metrics
-from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, FairStore, Offered
+from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, FairStore, Offered, fair_ids
+from tracon_jobs.coordination.scripts import Later
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.lifecycle import ErrorClass, RunError
@@ -120,6 +121,25 @@ class RunDispatcher:
             self.send_all(self.fair.store.take(run_id))
         except redis.RedisError as exc:  # its place frees itself after Runs.RequeueAfter
             log.warning("fair lines not told of run %s: %s", run_id, exc)
+
+    def taken_later(self, run_id: str) -> Later | None:
+        """`taken`, sent with this thread's next Redis call on the store's client (inside
+        `deferring`); at once (None) when the caller must send the runs handed over now."""
+        if self.fair is None:
+            return None
+        later = self.fair.store.take_later(run_id)
+        if later is None:
+            self.taken(run_id)
+        return later
+
+    def send_handed_over(self, taken: Later) -> None:
+        """Send the runs a `taken_later` handed over (none when the store pushed them)."""
+        try:
+            handed = taken.reply()
+        except redis.RedisError as exc:  # its place frees itself after Runs.RequeueAfter
+            log.warning("fair lines not told of a claim: %s", exc)
+            return
+        self.send_all(fair_ids(handed))
 
     def send_all(self, run_ids: list[str], first: str | None = None) -> None:
         """Send the runs the fair lines handed over (`first`, the caller's own run, raises

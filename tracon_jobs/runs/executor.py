@@ -28,12 +28,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import redis
-
 from tracon_jobs import logs, metrics
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
-from tracon_jobs.coordination.fair_share import fair_ids
 from tracon_jobs.coordination.live_text import LiveText, TurnWriter
 from tracon_jobs.coordination.scripts import Later, deferring
 from tracon_jobs.db import Database
@@ -225,8 +222,8 @@ class RunExecutor:
             self.runs.let_go(claim)
             if not elsewhere:
                 self._give_back_place(run.tenant_id, run_id)
-            if taken is not None:
-                self._send_handed_over(taken)
+            if taken is not None and self.dispatcher is not None:
+                self.dispatcher.send_handed_over(taken)
 
     def _taken(self, run_id: str) -> None:
         """The fair lines hear that a worker took `run_id`; the runs it makes room for go."""
@@ -234,23 +231,8 @@ class RunExecutor:
             self.dispatcher.taken(run_id)
 
     def _taken_later(self, run_id: str) -> Later | None:
-        """`_taken`, sent with the next Redis call of this thread (none: at once)."""
-        if self.dispatcher is None or self.dispatcher.fair is None:
-            return None
-        later = self.dispatcher.fair.store.take_later(run_id)
-        if later is None:
-            self._taken(run_id)
-        return later
-
-    def _send_handed_over(self, taken: Later) -> None:
-        if self.dispatcher is None:
-            return
-        try:
-            handed = taken.reply()
-        except redis.RedisError as exc:
-            log.warning("fair lines not told of a claim: %s", exc)
-            return
-        self.dispatcher.send_all(fair_ids(handed))
+        """`_taken`, sent with the next Redis call of this thread (or at once)."""
+        return None if self.dispatcher is None else self.dispatcher.taken_later(run_id)
 
     def _give_back_place(self, tenant_id: str, run_id: str) -> None:
         """The run lets go of its tenant's place: the runs given places are sent again (one
