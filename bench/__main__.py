@@ -35,6 +35,7 @@ BENCHMARKS: tuple[str, ...] = (
     "b6_streams@stream",
     "b7_first_token",
     "b8_fair_share",
+    "b9_webhooks",
 )
 """Run in this order; add a module's name here and `make bench` runs it. `name@postgresql`
 runs it with `--database` on a scratch database of the PostgreSQL server that

@@ -274,7 +274,8 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
     )
     api_key = issue_api_key(env)
     base_url = start_processes(env, postgres.url, children)
-    monitor = Monitor(redis.Redis.from_url(embedded.url))
+    # MONITOR waits as long as the runs take: no read timeout (a timeout ended it silently)
+    monitor = Monitor(redis.Redis.from_url(embedded.url, socket_timeout=None))
     monitor.start()
     counter = RunCounter(f"{postgres.url}?application_name={BENCH_APP}")
     clients = [api_client(base_url, api_key) for _ in range(options.concurrency)]
@@ -342,7 +343,7 @@ def _total(counts: Counter[tuple[str, str]], kind: str) -> int:
 
 def print_table(title: str, kinds: list[str], counts: Counter[tuple[str, str]], n: int) -> None:
     roles = [*ROLES, *sorted({role for role, _k in counts} - set(ROLES))]
-    width = max(24, *(len(kind) + 1 for kind in kinds))  # composed scripts have long names
+    width = max([24, *(len(kind) + 1 for kind in kinds)])  # composed scripts have long names
     print(f"  {title:<{width}}" + "".join(f"{role:>9}" for role in roles) + f"{'total':>9}")
     for kind in kinds:
         cells = "".join(f"{counts[(role, kind)] / n:>9.2f}" for role in roles)

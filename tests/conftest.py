@@ -89,6 +89,77 @@ THREAD_JOIN_SECONDS = 10.0
 """How long teardown waits for the executor threads a test started before failing it."""
 
 
+class ForeignRedis(RuntimeError):
+    """The session connected to a Redis server it did not start (nor was given)."""
+
+
+FOREIGN_REDIS: list[str] = []
+"""Each Redis server a test of this process connected to that the session did not start:
+`_only_our_redis` fails the test that did it."""
+
+
+class RedisOwnership:
+    """Which Redis servers this test process may use: those whose working directory is under
+    the session's temporary folder (every server the tests start keeps its files there), and
+    the one `TRACON_TEST_REDIS_URL` names. Judged once per address, after the connection is
+    made, by `CONFIG GET dir` on it; a server that refuses `CONFIG` is not ours."""
+
+    def __init__(self, root: Path, given: str | None) -> None:
+        self.root = root
+        self.verdicts: dict[tuple[str, int], bool] = {}
+        if given:
+            parts = redis.connection.parse_url(given)
+            self.verdicts[(str(parts.get("host", "localhost")), int(parts.get("port", 6379)))] = (
+                True
+            )
+
+    def ours(self, connection: Any) -> bool:
+        address = (str(connection.host), int(connection.port))
+        verdict = self.verdicts.get(address)
+        if verdict is None:
+            try:
+                connection.send_command("CONFIG", "GET", "dir")
+                reply = connection.read_response()
+                found = next(iter(reply.values())) if isinstance(reply, dict) else reply[1]
+                directory = Path(found.decode() if isinstance(found, bytes) else str(found))
+                verdict = directory.resolve().is_relative_to(self.root.resolve())
+            except Exception:  # CONFIG refused or renamed: a server of someone else's
+                verdict = False
+            self.verdicts[address] = verdict
+        return verdict
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _redis_ownership(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisOwnership]:
+    """Every Redis connection this process opens goes to a server of the session's: a
+    connection to any other (the machine's own on 6379, a `TRACON_REDIS_URL` of the user's)
+    is closed before its first command and fails the test that opened it."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if _XDIST_WORKER else base  # the run's folder, every worker's inside
+    ownership = RedisOwnership(root, os.environ.get("TRACON_TEST_REDIS_URL"))
+    original = redis.connection.Connection.connect
+
+    def connect(self: Any) -> None:
+        original(self)
+        if not ownership.ours(self):
+            address = f"{self.host}:{self.port}"
+            FOREIGN_REDIS.append(address)
+            self.disconnect()
+            raise ForeignRedis(f"a test connected to a Redis server it did not start: {address}")
+
+    redis.connection.Connection.connect = connect  # type: ignore[method-assign]
+    yield ownership
+    redis.connection.Connection.connect = original  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _only_our_redis() -> Iterator[None]:
+    FOREIGN_REDIS.clear()
+    yield
+    foreign, FOREIGN_REDIS[:] = list(FOREIGN_REDIS), []
+    assert not foreign, f"connected to Redis servers the session did not start: {foreign}"
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = os.environ.get("TRACON_TEST_REDIS_URL")

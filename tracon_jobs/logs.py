@@ -20,6 +20,7 @@ import contextvars
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -114,6 +115,26 @@ class RunContextFilter(logging.Filter):
             parts += [f"{k}={v}" for k, v in asdict(fields).items() if k != "run_id" and v]
             record.run_tag = f" [{' '.join(parts)}]"
         return True
+
+
+class Repeated:
+    """Warnings of a failure that goes on (SQL or Redis away, seen by a loop that polls):
+    logged once, then at most once every `every` seconds per source while it lasts, and at
+    once again after `ended`."""
+
+    def __init__(self, logger: logging.Logger, every: float = 60.0) -> None:
+        self.logger = logger
+        self.every = every
+        self._last: dict[str, float] = {}
+
+    def warn(self, source: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last.get(source, -self.every) >= self.every:
+            self._last[source] = now
+            self.logger.warning(message, *args)
+
+    def ended(self, source: str) -> None:
+        self._last.pop(source, None)
 
 
 class JsonFormatter(logging.Formatter):

@@ -46,7 +46,13 @@ from sqlalchemy import case, func, select
 
 from tracon_jobs.coordination import leases
 from tracon_jobs.db import Database
-from tracon_jobs.db.models import IdempotencyRecord, Run, Tenant
+from tracon_jobs.db.models import (
+    IdempotencyRecord,
+    Run,
+    Tenant,
+    WebhookDelivery,
+    WebhookMessage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +147,19 @@ IDEMPOTENCY = Counter(
     "Requests with an Idempotency-Key, by outcome "
     "(reserved: executed now, replay, in_progress, mismatch, invalid)",
     ["outcome"],
+)
+WEBHOOK_ATTEMPTS = Counter(
+    "tracon_webhook_attempts",
+    "Webhook delivery attempts, by target (endpoint, operator, slack) and what they made of "
+    "the delivery: delivered, retried, failed (the schedule ran out), canceled (the target "
+    "was gone), lost (a redelivery or a removal took the claim meanwhile)",
+    ["target", "outcome"],
+)
+WEBHOOK_ATTEMPT_SECONDS = Histogram(
+    "tracon_webhook_attempt_seconds",
+    "Time a webhook attempt took, until its answer or its failure",
+    ["target"],
+    buckets=MODEL_BUCKETS,
 )
 
 
@@ -270,6 +289,17 @@ def live_stream(change: str, count: int = 1) -> None:
     _safely(record)
 
 
+def webhook_attempt(target: str, outcome: str, seconds: float | None) -> None:
+    """A delivery's attempt (`seconds` None: canceled without one)."""
+
+    def record() -> None:
+        WEBHOOK_ATTEMPTS.labels(target, outcome).inc()
+        if seconds is not None:
+            WEBHOOK_ATTEMPT_SECONDS.labels(target).observe(seconds)
+
+    _safely(record)
+
+
 def lease_change(lease: str, change: str) -> None:
     _safely(lambda: LEASE_CHANGES.labels(lease, change).inc())
 
@@ -360,9 +390,16 @@ class StateCollector(Collector):
             .group_by(Run.status, Run.agent, Tenant.name)
         )
         records = select(IdempotencyRecord.state, func.count()).group_by(IdempotencyRecord.state)
+        pending = select(func.count(), func.min(WebhookDelivery.created_at)).where(
+            WebhookDelivery.status == "pending"
+        )
+        waiting = select(func.count()).where(WebhookMessage.fanned_at.is_(None))
         with self.db.read() as session:
             rows = session.execute(query).all()
             record_rows = session.execute(records).all()
+            pending_count, oldest = session.execute(pending).one()
+            waiting_count = session.scalar(waiting) or 0
+            now = self.db.now()
 
         runs = GaugeMetricFamily(
             "tracon_runs",
@@ -401,6 +438,22 @@ class StateCollector(Collector):
         for state in sorted({"InProgress", "Completed", *found}):
             by_state.add_metric([state], float(found.get(state, 0)))
         yield by_state
+
+        yield GaugeMetricFamily(
+            "tracon_webhook_deliveries_pending",
+            "Webhook deliveries not delivered yet, due now or retried later (from SQL)",
+            value=float(pending_count or 0),
+        )
+        yield GaugeMetricFamily(
+            "tracon_webhook_oldest_pending_seconds",
+            "Age of the oldest pending webhook delivery (0: none pending)",
+            value=max((now - oldest).total_seconds(), 0.0) if oldest is not None else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "tracon_webhook_messages_waiting",
+            "Webhook messages in the outbox not fanned out to their deliveries yet (from SQL)",
+            value=float(waiting_count),
+        )
 
     def _rates(self) -> Iterator[Any]:
         assert self.rates is not None

@@ -34,6 +34,9 @@ from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
 from tracon_jobs.coordination.live_text import LiveText, RedisLiveText
 from tracon_jobs.db import Database
 from tracon_jobs.errors import ConfigurationError, ToolRegistrationError
+from tracon_jobs.integrations.links import ApprovalLinks, approval_links, payload_links
+from tracon_jobs.integrations.slack import SlackApprovals, slack_approvals, slack_requests
+from tracon_jobs.integrations.slack_requests import SlackRequests
 from tracon_jobs.limits.budget_store import RedisBudgetStore
 from tracon_jobs.limits.quota_store import RedisQuotaStore
 from tracon_jobs.limits.tenant_quotas import Quotas
@@ -43,6 +46,7 @@ from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisB
 from tracon_jobs.resilience.cache import RedisResponseCache
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
 from tracon_jobs.resilience.rate_limits import RateLimits, RedisRateStore, limits_of
+from tracon_jobs.resilience.views import circuits_view
 from tracon_jobs.runs.approvals import Approvals, ApprovalStore
 from tracon_jobs.runs.continuation import Continuations
 from tracon_jobs.runs.dispatch import FairShare, RunDispatcher, Sender
@@ -55,8 +59,20 @@ from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT, SubAgents
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
+from tracon_jobs.webhooks.addresses import Destinations
+from tracon_jobs.webhooks.circuits import CIRCUIT_EVENTS, TRANSITIONS_KEY, CircuitEvents
+from tracon_jobs.webhooks.deliverer import (
+    Attempts,
+    Deliverer,
+    OperatorEndpoint,
+    operator_endpoint,
+)
+from tracon_jobs.webhooks.deliveries import DeliveryStore, Targets
+from tracon_jobs.webhooks.outbox import QuotaNotices, WebhookOutbox
+from tracon_jobs.webhooks.sender import Sender as WebhookSender
+from tracon_jobs.webhooks.subscriptions import RedisSubscriptions, Subscriptions, configured
 from tracon_jobs.worker.app import CONTROL_QUEUE, Describe, create_celery, describe_runs
-from tracon_jobs.worker.capacity import WorkerCapacity
+from tracon_jobs.worker.capacity import WorkerCapacity, start_with_worker
 from tracon_jobs.worker.drain import WorkerDrain
 from tracon_jobs.worker.envelope import RUNS_QUEUE, celery_message, celery_sender
 from tracon_jobs.workflows.registry import WorkflowRegistry
@@ -70,6 +86,9 @@ log = logging.getLogger(__name__)
 REDIS_CONNECTIONS_SPARE = 256
 """Connections a process's Redis pool may open beyond two per worker thread (request
 threads, listeners, the flusher, the stream hub's readers)."""
+
+DELIVERY_CLAIM_MARGIN = timedelta(seconds=5)
+"""A webhook delivery's claim lasts twice `Webhooks.Timeout` and this: beyond any attempt."""
 
 
 class Runtime:
@@ -86,6 +105,7 @@ class Runtime:
         sleep: Sleep | None = None,
         workflows: WorkflowRegistry | None = None,
         child_claim_wait: float = CHILD_CLAIM_WAIT,
+        subscriptions: Subscriptions | None = None,
     ) -> None:
         self.settings = settings
         self.db = Database(
@@ -106,9 +126,28 @@ class Runtime:
             max_connections=REDIS_CONNECTIONS_SPARE + 2 * settings.worker.concurrency,
         )
         self.feed = feed or RedisEventFeed(self.redis)
-        self.runs = RunStore(self.db, self.feed)
-        self.live_text = live_text or RedisLiveText(self.redis)  # streaming answers' text
         self.tenants = TenantStore(self.db)
+        # webhooks: who wants which events (read lazily, then kept fresh by a thread), and
+        # the messages the run store writes with their events
+        self.subscriptions = subscriptions or RedisSubscriptions(
+            self.db,
+            self.redis,
+            configured(settings),
+            poll_seconds=settings.webhooks.poll_interval.total_seconds(),
+        )
+        self.outbox = WebhookOutbox(
+            self.db,
+            self.redis,
+            self.subscriptions,
+            QuotaNotices(
+                self.quotas,
+                self.tenants,
+                settings.tenants.max_concurrent_runs,
+                settings.pricing.currency,
+            ),
+        )
+        self.runs = RunStore(self.db, self.feed, self.outbox)
+        self.live_text = live_text or RedisLiveText(self.redis)  # streaming answers' text
         self.providers = ProviderRegistry(settings.providers)
         self.tools = tools or default_tools
         self.owner_id = settings.singleton_execution.resolved_owner_id()
@@ -123,6 +162,14 @@ class Runtime:
         import_modules("WorkflowModules", settings.workflow_modules)
         check_agent_tools(settings, self.tools)
         check_workflow_settings(settings)
+        # one-time approval links: their key is read (and a short one refused) at startup
+        self.approval_links: ApprovalLinks | None = approval_links(
+            settings.integrations.approval_links, os.environ
+        )
+        # the operator's webhook endpoint: its URL, events and secret checked at startup
+        self.operator_endpoint: OperatorEndpoint | None = operator_endpoint(
+            settings.webhooks, os.environ
+        )
 
     def send_runs_with(self, sender: Sender) -> None:
         """Send run messages through `sender` instead of Celery (tests run them in threads)."""
@@ -186,6 +233,7 @@ class Runtime:
         queues = [RUNS_QUEUE, CONTROL_QUEUE]
         WorkerDrain(app, self.settings.drain, self.draining, self.live_runs, queues).install()
         self.capacity(app).install()
+        start_with_worker(app, self.deliverer.start)
         return app
 
     def capacity(self, app: Celery) -> WorkerCapacity:
@@ -209,11 +257,74 @@ class Runtime:
             max_probes=config.half_open_max_probes,
             probe_lease_ms=_ms(config.probe_lease),
         )
+        moves = self.circuit_events
         return CircuitBreaker(
-            RedisBreakerStore(self.redis),
+            RedisBreakerStore(self.redis, transitions=TRANSITIONS_KEY if moves else None),
             policy,
             enabled=config.enabled,
             on_store_unavailable=config.on_store_unavailable,
+            on_transition=moves.soon if moves else None,
+        )
+
+    @cached_property
+    def circuit_events(self) -> CircuitEvents | None:
+        """The circuits' moves into the outbox, when the operator's endpoint wants them: the
+        breaker's script records each move, and this process moves them (started at once)."""
+        if not configured(self.settings) & CIRCUIT_EVENTS:
+            return None
+        moves = CircuitEvents(
+            self.redis,
+            self.db,
+            self.subscriptions,
+            lambda provider: circuits_view(self.breaker, self.slots, [provider], self.rate_limits)[
+                0
+            ],
+            wake=self.outbox.wake,
+            poll_seconds=self.settings.webhooks.poll_interval.total_seconds(),
+        )
+        moves.start()
+        return moves
+
+    @cached_property
+    def webhook_deliveries(self) -> DeliveryStore:
+        """The outbox's fan-out, the deliveries' claims and their outcomes, in SQL."""
+        config = self.settings.webhooks
+        operator = config.operator
+        targets = Targets(
+            frozenset(operator.events) if operator is not None else frozenset(),
+            slack=self.settings.integrations.slack is not None,
+        )
+        return DeliveryStore(
+            self.db,
+            targets,
+            config.backoff,
+            config.disable_after,
+            claim_for=2 * config.timeout + DELIVERY_CLAIM_MARGIN,
+            links=payload_links(self.approval_links),
+        )
+
+    @cached_property
+    def webhook_sender(self) -> WebhookSender:
+        """Webhook attempts: destinations checked after DNS at each, one deadline each."""
+        config = self.settings.webhooks
+        return WebhookSender(
+            Destinations(config.allow_http, config.allow_private_networks),
+            config.timeout.total_seconds(),
+            config.max_response_bytes,
+        )
+
+    @cached_property
+    def deliverer(self) -> Deliverer:
+        """A worker's webhook deliverer (started once the worker is ready)."""
+        config = self.settings.webhooks
+        return Deliverer(
+            self.webhook_deliveries,
+            Attempts(self.webhook_sender, self.operator_endpoint, self.slack),
+            self.redis,
+            self.subscriptions,
+            concurrency=config.concurrency,
+            poll_seconds=config.poll_interval.total_seconds(),
+            draining=self.draining,
         )
 
     @cached_property
@@ -306,6 +417,25 @@ class Runtime:
         return Approvals(self.approval_store, self.dispatcher, self.budgets)
 
     @cached_property
+    def slack(self) -> SlackApprovals | None:
+        """The Slack app's approval messages (the webhook deliverer's `slack` sink, and the
+        web's updates after a click); None without `Integrations.Slack`."""
+        return slack_approvals(
+            self.settings.integrations.slack,
+            os.environ,
+            self.db,
+            RedisLeaseStore(self.redis),
+            timeout=self.settings.webhooks.timeout.total_seconds(),
+        )
+
+    @cached_property
+    def slack_requests(self) -> SlackRequests | None:
+        """The checks of Slack's signed requests (signature, age, replay)."""
+        return slack_requests(
+            self.settings.integrations.slack, os.environ, RedisLeaseStore(self.redis)
+        )
+
+    @cached_property
     def subagents(self) -> SubAgents:
         return SubAgents(
             self.runs,
@@ -372,6 +502,14 @@ class Runtime:
         for service in ("live_runs", "cancel_bus", "slots", "resumer"):
             if service in self.__dict__:
                 self.__dict__[service].stop()
+        self.subscriptions.stop()
+        moves = self.__dict__.get("circuit_events")
+        if moves is not None:
+            moves.stop()
+        if "deliverer" in self.__dict__:
+            self.deliverer.stop()
+        if "webhook_sender" in self.__dict__:
+            self.webhook_sender.close()
         self.providers.close_all()
         self.db.dispose()
         self.redis.close()

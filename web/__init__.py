@@ -23,6 +23,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
         draining,
         health,
         inputs,
+        integrations,
         metrics,
         openai_compat,
         openapi,
@@ -30,6 +31,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
         problems,
         quota,
         runs,
+        webhooks,
         workflows,
     )
 
@@ -51,7 +53,9 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
     app.register_blueprint(operations.bp)
     app.register_blueprint(quota.bp)
     app.register_blueprint(openai_compat.bp)
+    app.register_blueprint(webhooks.bp)
     console.init_app(app)
     app.register_blueprint(agents.bp)
+    app.register_blueprint(integrations.bp)  # Slack's interactions, one-time approval links
     logging.getLogger(__name__).info("tracon-jobs web ready")
     return app

@@ -35,7 +35,12 @@ _BAD_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
 _OPENERS = re.compile(r"[\[{]")
-PATH_FIELDS = {"run_id": "id", "approval_id": "id"}
+PATH_FIELDS = {
+    "run_id": "id",
+    "approval_id": "id",
+    "endpoint_id": "id",
+    "delivery_id": "deliveryId",
+}
 """Path parameters by the name the API description gives them."""
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 _DIGITS = re.compile(r"[0-9]{1,20}")

@@ -18,6 +18,13 @@ its output stays readable at `GET /api/runs/{id}`.
 
 A streaming client that goes away leaves its run running, unless `Runs.CancelOnDisconnect`
 is on: then its run is canceled (as `POST /api/runs/{id}/cancel` does).
+
+The agent is configured on the server, and a request says only what it can honour
+(`web.openai_request`, field by field): its model options (`temperature`, `top_p`, the output
+limit, `stop`, `seed`, ...) replace or add to the agent's for the run (kept in the run's input,
+`runs.request_options`), its system and developer messages follow the agent's instructions,
+and a field the run cannot honour, tools of its own among them, is a 400 naming the field,
+never a run whose answer silently ignored it.
 """
 
 from __future__ import annotations
@@ -28,18 +35,20 @@ from http import HTTPStatus
 from typing import Any
 
 from flask import Blueprint, Response, g, jsonify
-from pydantic import BaseModel, ConfigDict, Field
 from werkzeug.exceptions import HTTPException
 
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.lifecycle import RunStatus
+from tracon_jobs.runs.request_options import OPTIONS_KEY
 from tracon_jobs.runs.store import Event, NewRun
 from web.auth import require_tenant, tenant_id
 from web.buffered import ending, run_location, run_view, wait_for_end
 from web.extensions import runtime
 from web.idempotency import idempotent, remember_run
 from web.live_turn import LiveDelta, LiveItem
+from web.openai_request import AgentRequest, ChatRequest, ResponsesRequest, check_request
 from web.openai_shapes import (
+    METADATA_KEY,
     ResponseEvents,
     chat_chunk,
     chat_completion,
@@ -74,39 +83,6 @@ Shape = Callable[[Run, str], dict[str, Any]]
 Answer = tuple[Response, int, dict[str, str]]
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    include_usage: bool = Field(default=False, strict=True)
-
-
-class ChatRequest(BaseModel):
-    """What we read of a chat completions request; other OpenAI fields are accepted."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str = Field(min_length=1)
-    messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = Field(default=False, strict=True)
-    stream_options: StreamOptions | None = None
-
-
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = Field(min_length=1)
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    stream: bool = Field(default=False, strict=True)
-
-
 # -- routes ---------------------------------------------------------------------------
 
 
@@ -131,7 +107,7 @@ def chat_completions() -> Response | Answer:
     body: ChatRequest = parse_body(ChatRequest)
     turns = [(message.role, message.content) for message in body.messages]
     with place_for_stream(body.stream) as place:
-        run = start_run(body.model, conversation(turns, "messages"))
+        run = start_run(body, conversation(turns, "messages"))
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         follow = ChatFrames(run, body.model, usage, cancels_on_disconnect())
@@ -144,7 +120,7 @@ def chat_completions() -> Response | Answer:
 def responses() -> Response | Answer:
     body: ResponsesRequest = parse_body(ResponsesRequest)
     with place_for_stream(body.stream) as place:
-        run = start_run(body.model, conversation(response_turns(body), "input"))
+        run = start_run(body, conversation(response_turns(body), "input"))
     if body.stream:
         follow = ResponseFrames(run, body.model, cancels_on_disconnect())
         return live_stream(follow, 0, place, Location=run_location(run.id))
@@ -200,14 +176,19 @@ def is_text_part(part: Any) -> bool:
     return isinstance(kind, str) and kind in TEXT_PARTS and isinstance(part.get("text"), str)
 
 
-def start_run(model: str, run_input: dict[str, Any]) -> Run:
+def start_run(body: AgentRequest, run_input: dict[str, Any]) -> Run:
+    """The run of a request the agent can honour (`web.openai_request`): its input keeps the
+    request's model options and its `metadata`."""
     rt = runtime()
-    if model not in rt.settings.agents:
-        raise unknown_model(model)
+    agent = rt.settings.agents.get(body.model)
+    if agent is None:
+        raise unknown_model(body.model)
+    options = check_request(body, agent, rt.settings.providers)
+    kept = {OPTIONS_KEY: options, METADATA_KEY: body.metadata}
     new = NewRun(
         tenant_id(),
-        model,
-        run_input,
+        body.model,
+        {**run_input, **{key: value for key, value in kept.items() if value}},
         currency=rt.settings.pricing.currency,
         priority=priority_header(),
     )

@@ -20,8 +20,11 @@ from datetime import UTC
 from typing import Any
 
 from tracon_jobs.db.models import Run
+from tracon_jobs.runs.request_options import run_options
 
 TURN_SEPARATOR = "\n\n"
+METADATA_KEY = "metadata"
+"""The run input's key of a `/v1` request's `metadata`, shown on its response object."""
 
 
 def created(run: Run) -> int:
@@ -199,6 +202,7 @@ def response_object(
     error = None
     if status in ("failed", "cancelled"):
         error = {"code": run.error_type or "server_error", "message": run.error_message or ""}
+    options = run_options(run.input)  # what the request asked for (null: the agent's own)
     return {
         "id": response_id(run),
         "object": "response",
@@ -209,10 +213,11 @@ def response_object(
         "error": error,
         "incomplete_details": None,
         "instructions": None,
-        "metadata": {},
+        "metadata": (run.input or {}).get(METADATA_KEY) or {},
         "parallel_tool_calls": True,
-        "temperature": None,
-        "top_p": None,
+        "temperature": options.get("temperature"),
+        "top_p": options.get("topP"),
+        "max_output_tokens": options.get("maxOutputTokens"),
         "tool_choice": "auto",
         "tools": [],
         "usage": response_usage(run) if status != "in_progress" else None,

@@ -18,9 +18,25 @@ from flask import Blueprint, Response, jsonify
 
 import tracon_jobs
 from tracon_jobs.settings import Settings
+from tracon_jobs.webhooks.addresses import MAX_URL_LENGTH
+from tracon_jobs.webhooks.endpoints import DELIVERY_STATUSES, MAX_DESCRIPTION, TENANT_TYPES
 from web.extensions import runtime
+from web.openai_request import (
+    FORMAT_NAME,
+    MAX_METADATA_KEY,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE,
+    MAX_OUTPUT_LIMIT,
+    MAX_SEED,
+    MAX_STOP_SEQUENCES,
+    NEUTRAL,
+    REASONING_EFFORTS,
+    TOKEN_ID,
+    VERBOSITIES,
+)
 from web.openai_shapes import WITHDRAWN_CODE
 from web.runs import TREE_NODE_KEYS
+from web.webhooks import MAX_GRACE_SECONDS
 
 bp = Blueprint("openapi", __name__)
 
@@ -553,10 +569,144 @@ TEXT_PART: dict[str, Any] = {
 TEXT_CONTENT: dict[str, Any] = {"type": ["string", "null", "array"], "items": TEXT_PART}
 ROLES = ["system", "developer", "user", "assistant"]
 USER_MESSAGE = {"type": "object", "required": ["role"], "properties": {"role": {"const": "user"}}}
+SERVER_TOOLS = "the agent's tools are configured on the server: only an empty list (else 400)"
+OPEN_CHOICE = {
+    "enum": ["auto", "none", None],
+    "description": "the agent's model decides when to call its tools (anything else is a 400)",
+}
+NO_TOOLS = {"type": ["array", "null"], "maxItems": 0, "description": SERVER_TOOLS}
+OUTPUT_LIMIT_USE = "replaces the agent's Model.MaxOutputTokens for this run"
+OUTPUT_LIMIT = {
+    "type": ["integer", "null"],
+    "minimum": 1,
+    "maximum": MAX_OUTPUT_LIMIT,
+    "description": OUTPUT_LIMIT_USE,
+}
+SAMPLING: dict[str, Any] = {
+    "temperature": {
+        "type": ["number", "null"],
+        "minimum": 0,
+        "maximum": 2,
+        "description": "replaces the agent's Model.Temperature for this run; at most 1 when "
+        "a provider of the agent's chain is anthropic (else 400)",
+    },
+    "top_p": {
+        "type": ["number", "null"],
+        "minimum": 0,
+        "maximum": 1,
+        "description": "replaces the agent's Model.TopP for this run",
+    },
+    "tools": NO_TOOLS,
+    "tool_choice": OPEN_CHOICE,
+}
+
+
+def neutral(field: str) -> dict[str, Any]:
+    """A field the run cannot honour: only the values that ask for nothing (`NEUTRAL`)."""
+    values, why = NEUTRAL[field]
+    return {"enum": list(values), "description": f"anything else is a 400: {why}"}
+
+
+def options_object(properties: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {
+        "type": ["object", "null"],
+        "additionalProperties": False,
+        "properties": properties,
+        **more,
+    }
+
+
+UNUSED = "accepted and not passed on: by OpenAI's definition it changes nothing of the answer"
+ANTHROPIC_REFUSES = "; a 400 when a provider of the agent's chain is anthropic"
+NULLABLE_TEXT = {"type": ["string", "null"]}
+NULL = {"type": "null"}
+OBJECT = {"type": "object"}
+STRING = {"type": "string"}
+FORMAT_TYPES = ["text", "json_object", "json_schema"]
+NO_FORMAT = {"type": {"enum": ["text", "json_object"]}}
+RESPONSE_FORMAT_USE = (
+    "replaces the agent's Model.ResponseFormat for this run (text: none); json_object is a "
+    "400 when a provider of the agent's chain is anthropic, and json_schema needs its schema"
+)
+SHARED_FIELDS: dict[str, Any] = {
+    **SAMPLING,
+    "metadata": {
+        "type": ["object", "null"],
+        "maxProperties": MAX_METADATA_PAIRS,
+        "propertyNames": {"maxLength": MAX_METADATA_KEY},
+        "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE},
+        "description": "kept with the run (its input's metadata) and shown on a response",
+    },
+    "parallel_tool_calls": {"type": ["boolean", "null"], "description": UNUSED},
+    "user": {**NULLABLE_TEXT, "description": UNUSED},
+    "safety_identifier": {**NULLABLE_TEXT, "description": UNUSED},
+    "prompt_cache_key": {**NULLABLE_TEXT, "description": UNUSED},
+    "prompt_cache_retention": {"enum": ["in_memory", "24h", None], "description": UNUSED},
+    "prompt_cache_options": options_object(
+        {
+            "mode": {"enum": ["implicit", "explicit", None]},
+            "ttl": {"enum": ["30m", "12h", None]},
+            "prewarm": neutral("prompt_cache_options.prewarm"),
+            "comparison_response_id": neutral("prompt_cache_options.comparison_response_id"),
+        },
+        description=UNUSED,
+    ),
+    **{field: neutral(field) for field in ("store", "service_tier", "top_logprobs", "moderation")},
+}
+PENALTY = {
+    "type": ["number", "null"],
+    "minimum": -2,
+    "maximum": 2,
+    "description": "sent to the model for this run; other than 0, a 400 when a provider of the "
+    "agent's chain is anthropic",
+}
+CHAT_ONLY_NEUTRAL = ["n", "logprobs", "prediction", "audio", "modalities", "web_search_options"]
+RESPONSES_ONLY_NEUTRAL = [
+    "background",
+    "background_options",
+    "conversation",
+    "previous_response_id",
+    "include",
+    "max_tool_calls",
+    "prompt",
+    "truncation",
+    "context_management",
+    "image",
+    "access_programs",
+]
+REASONING_EFFORT = {
+    "enum": [*REASONING_EFFORTS, None],
+    "description": "sent to the model for this run" + ANTHROPIC_REFUSES,
+}
+VERBOSITY = {
+    "enum": [*VERBOSITIES, None],
+    "description": "sent to the model for this run" + ANTHROPIC_REFUSES,
+}
+FORMAT_SPEC = ("name", "schema", "description", "strict")
+TEXT_FORMAT = options_object(
+    {
+        "type": {"enum": FORMAT_TYPES},
+        "name": {"type": ["string", "null"], "pattern": FORMAT_NAME},
+        "description": NULLABLE_TEXT,
+        "schema": {"type": ["object", "null"]},
+        "strict": {"type": ["boolean", "null"]},
+    },
+    required=["type"],
+    anyOf=[
+        {"properties": {**NO_FORMAT, **{key: NULL for key in FORMAT_SPEC}}},
+        {
+            "properties": {"type": {"const": "json_schema"}, "name": STRING, "schema": OBJECT},
+            "required": ["name", "schema"],
+        },
+    ],
+    description=RESPONSE_FORMAT_USE,
+)
+UNKNOWN_FIELDS = "a field not described here is a 400 (unknown_parameter); "
 CHAT_REQUEST: dict[str, Any] = {
     "type": "object",
-    "description": "other OpenAI fields are accepted and ignored; " + NO_NUL,
+    "description": UNKNOWN_FIELDS + NO_NUL,
     "required": ["model", "messages"],
+    "additionalProperties": False,
     "properties": {
         "model": {"type": "string", "minLength": 1, "description": "an agent's name"},
         "messages": {
@@ -570,16 +720,79 @@ CHAT_REQUEST: dict[str, Any] = {
             "contains": USER_MESSAGE,
         },
         "stream": {"type": "boolean", "default": False},
-        "stream_options": {
-            "type": ["object", "null"],
-            "properties": {"include_usage": {"type": "boolean"}},
+        "stream_options": options_object(
+            {
+                "include_usage": {"type": "boolean"},
+                "include_obfuscation": neutral("stream_options.include_obfuscation"),
+            }
+        ),
+        **SHARED_FIELDS,
+        "max_tokens": OUTPUT_LIMIT,
+        "max_completion_tokens": {
+            **OUTPUT_LIMIT,
+            "description": "with max_tokens, the smaller holds; " + OUTPUT_LIMIT_USE,
         },
+        "functions": NO_TOOLS,
+        "function_call": OPEN_CHOICE,
+        "response_format": options_object(
+            {
+                "type": {"enum": FORMAT_TYPES},
+                "json_schema": options_object(
+                    {
+                        "name": {"type": "string", "pattern": FORMAT_NAME},
+                        "description": NULLABLE_TEXT,
+                        "schema": {"type": ["object", "null"]},
+                        "strict": {"type": ["boolean", "null"]},
+                    },
+                    required=["name"],
+                ),
+            },
+            required=["type"],
+            anyOf=[
+                {"properties": {**NO_FORMAT, "json_schema": NULL}},
+                {
+                    "properties": {
+                        "type": {"const": "json_schema"},
+                        "json_schema": {"type": "object"},
+                    },
+                    "required": ["json_schema"],
+                },
+            ],
+            description=RESPONSE_FORMAT_USE,
+        ),
+        "stop": {
+            "type": ["string", "array", "null"],
+            "minLength": 1,
+            "maxItems": MAX_STOP_SEQUENCES,
+            "items": {"type": "string", "minLength": 1},
+            "description": "sent to the model for this run (anthropic: stop_sequences, each "
+            "with a character other than whitespace, else 400)",
+        },
+        "seed": {
+            "type": ["integer", "null"],
+            "minimum": -MAX_SEED - 1,
+            "maximum": MAX_SEED,
+            "description": "sent to the model for this run" + ANTHROPIC_REFUSES,
+        },
+        "presence_penalty": PENALTY,
+        "frequency_penalty": PENALTY,
+        "logit_bias": {
+            "type": ["object", "null"],
+            "propertyNames": {"pattern": TOKEN_ID},
+            "additionalProperties": {"type": "integer", "minimum": -100, "maximum": 100},
+            "description": "sent to the model for this run; not empty, a 400 when a provider "
+            "of the agent's chain is anthropic",
+        },
+        "reasoning_effort": REASONING_EFFORT,
+        "verbosity": VERBOSITY,
+        **{field: neutral(field) for field in CHAT_ONLY_NEUTRAL},
     },
 }
 RESPONSES_REQUEST: dict[str, Any] = {
     "type": "object",
-    "description": "other OpenAI fields are accepted and ignored; " + NO_NUL,
+    "description": UNKNOWN_FIELDS + NO_NUL,
     "required": ["model", "input"],
+    "additionalProperties": False,
     "properties": {
         "model": {"type": "string", "minLength": 1, "description": "an agent's name"},
         "input": {
@@ -596,8 +809,27 @@ RESPONSES_REQUEST: dict[str, Any] = {
             },
             "contains": USER_MESSAGE,
         },
-        "instructions": {"type": ["string", "null"]},
+        "instructions": {
+            "type": ["string", "null"],
+            "description": "a system message after the agent's instructions",
+        },
         "stream": {"type": "boolean", "default": False},
+        "stream_options": options_object(
+            {"include_obfuscation": neutral("stream_options.include_obfuscation")}
+        ),
+        **SHARED_FIELDS,
+        "max_output_tokens": OUTPUT_LIMIT,
+        "text": options_object({"format": TEXT_FORMAT, "verbosity": VERBOSITY}),
+        "reasoning": options_object(
+            {
+                "effort": REASONING_EFFORT,
+                **{
+                    key: neutral(f"reasoning.{key}")
+                    for key in ("summary", "generate_summary", "context", "mode")
+                },
+            }
+        ),
+        **{field: neutral(field) for field in RESPONSES_ONLY_NEUTRAL},
     },
 }
 
@@ -1215,6 +1447,330 @@ def public_paths() -> dict[str, Any]:
     }
 
 
+# -- webhooks -------------------------------------------------------------------------
+
+ENDPOINT_ID = _path("id", {"type": "string", "format": "uuid"}, "a webhook endpoint's id")
+DELIVERY_ID = _path("deliveryId", {"type": "string", "format": "uuid"}, "a delivery's id")
+EVENT_TYPE_LIST: dict[str, Any] = {
+    "type": "array",
+    "minItems": 1,
+    "uniqueItems": True,
+    "items": {"enum": list(TENANT_TYPES)},
+    "description": "the event types it receives (else 400 naming the entry, as `events[2]`,"
+    " with the `allowed` types)",
+}
+WEBHOOK_ENDPOINT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "never a secret",
+    "required": ["id", "url", "events", "enabled", "createdAt", "updatedAt"],
+    "properties": {
+        "id": {"type": "string"},
+        "url": {"type": "string"},
+        "events": {"type": "array", "items": {"type": "string"}},
+        "description": {"type": ["string", "null"]},
+        "enabled": {"type": "boolean"},
+        "disabledAt": MAYBE_TIMESTAMP,
+        "disabledReason": {"type": ["string", "null"]},
+        "failingSince": {
+            **MAYBE_TIMESTAMP,
+            "description": "the first failed attempt since the last success",
+        },
+        "previousSecretExpiresAt": {
+            **MAYBE_TIMESTAMP,
+            "description": "until when the secret before the last rotation still signs",
+        },
+        "createdAt": TIMESTAMP,
+        "updatedAt": TIMESTAMP,
+    },
+}
+WEBHOOK_SECRET_SCHEMA: dict[str, Any] = {
+    "allOf": [
+        _schema("WebhookEndpoint"),
+        {
+            "type": "object",
+            "required": ["secret"],
+            "properties": {
+                "secret": {
+                    "type": "string",
+                    "pattern": "^whsec_[A-Za-z0-9+/]+=*$",
+                    "description": "the signing secret (Standard Webhooks), shown this once",
+                }
+            },
+        },
+    ]
+}
+WEBHOOK_ATTEMPT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["at", "status", "latencyMs", "error", "response"],
+    "properties": {
+        "at": TIMESTAMP,
+        "status": {"type": ["integer", "null"], "description": "null: no answer came"},
+        "latencyMs": {"type": "integer", "minimum": 0},
+        "error": {"type": ["string", "null"]},
+        "response": {"type": ["string", "null"], "description": "the answer's start, cut"},
+    },
+}
+WEBHOOK_DELIVERY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "webhookId", "type", "status", "attemptCount", "createdAt", "attempts"],
+    "properties": {
+        "id": {"type": "string"},
+        "webhookId": {"type": "string", "description": "the webhook-id of every attempt"},
+        "type": {"type": "string"},
+        "status": {"enum": list(DELIVERY_STATUSES)},
+        "attemptCount": {"type": "integer", "minimum": 0},
+        "nextAttemptAt": {**MAYBE_TIMESTAMP, "description": "while pending"},
+        "lastStatus": {"type": ["integer", "null"]},
+        "lastError": {"type": ["string", "null"]},
+        "createdAt": TIMESTAMP,
+        "deliveredAt": MAYBE_TIMESTAMP,
+        "attempts": {"type": "array", "items": _schema("WebhookAttempt")},
+    },
+}
+URL_RULE = (
+    "https (http too with Webhooks.AllowHttp), no credentials, and no literal private,"
+    " loopback or link-local address unless Webhooks.AllowPrivateNetworks (else 400)"
+)
+
+
+def _webhook_fields(allow_http: bool) -> dict[str, Any]:
+    scheme = "^https?://" if allow_http else "^https://"
+    return {
+        "url": {
+            "type": "string",
+            "maxLength": MAX_URL_LENGTH,
+            "pattern": scheme,
+            "description": URL_RULE,
+        },
+        "events": EVENT_TYPE_LIST,
+        "description": {"type": ["string", "null"], "maxLength": MAX_DESCRIPTION},
+    }
+
+
+def webhook_requests(allow_http: bool) -> dict[str, Any]:
+    """The bodies of a creation, a change and a rotation."""
+    fields = _webhook_fields(allow_http)
+    return {
+        "WebhookEndpointRequest": {
+            "type": "object",
+            "description": NO_NUL,
+            "required": ["url", "events"],
+            "additionalProperties": False,
+            "properties": fields,
+        },
+        "WebhookEndpointChange": {
+            "type": "object",
+            "description": "at least one field; " + NO_NUL,
+            "minProperties": 1,
+            "additionalProperties": False,
+            "properties": {**fields, "enabled": {"type": "boolean"}},
+        },
+        "SecretRotation": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "graceSeconds": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_GRACE_SECONDS,
+                    "description": "how long the previous secret still signs (default"
+                    " Webhooks.RotationGrace)",
+                }
+            },
+        },
+    }
+
+
+def webhook_paths(key: dict[str, Any]) -> dict[str, Any]:
+    return {**_endpoint_paths(key), **_delivery_paths()}
+
+
+WEBHOOK_SECRET_ANSWER = _json(
+    _schema("WebhookEndpointSecret"), "the endpoint and its new secret (once)"
+)
+
+
+def _endpoint_paths(key: dict[str, Any]) -> dict[str, Any]:
+    endpoint = _json(_schema("WebhookEndpoint"), "the endpoint")
+    secret = WEBHOOK_SECRET_ANSWER
+    listed = _items(_schema("WebhookEndpoint"), "a page", nextCursor={"type": ["string", "null"]})
+    location = {"Location": {"required": True, "schema": {"type": "string"}}}
+    return {
+        "/api/webhooks": {
+            "post": _op(
+                "Create a webhook endpoint; its secret is in this answer only",
+                {"201": {**secret, "headers": location}, **_api(413, 422, 501)},
+                parameters=[key],
+                requestBody=_body(_schema("WebhookEndpointRequest")),
+            ),
+            "get": _op(
+                "List the tenant's webhook endpoints, newest first",
+                {"200": listed, **_api()},
+                parameters=[LIMIT, CURSOR],
+            ),
+        },
+        "/api/webhooks/{id}": {
+            "get": _op(
+                "A webhook endpoint", {"200": endpoint, **_api(404)}, parameters=[ENDPOINT_ID]
+            ),
+            "patch": _op(
+                "Change an endpoint; enabled: true on a disabled one clears its disabling",
+                {"200": endpoint, **_api(404, 413)},
+                parameters=[ENDPOINT_ID],
+                requestBody=_body(_schema("WebhookEndpointChange")),
+            ),
+            "delete": _op(
+                "Delete an endpoint; its pending deliveries are canceled",
+                {"204": {"description": "deleted"}, **_api(404)},
+                parameters=[ENDPOINT_ID],
+            ),
+        },
+        "/api/webhooks/{id}/rotate-secret": {
+            "post": _op(
+                "A new secret, shown once; the previous one signs beside it until"
+                " previousSecretExpiresAt",
+                {"200": secret, **_api(404, 413, 422, 501)},
+                parameters=[ENDPOINT_ID, key],
+                requestBody={**_body(_schema("SecretRotation")), "required": False},
+            )
+        },
+    }
+
+
+def _delivery_paths() -> dict[str, Any]:
+    return {
+        "/api/webhooks/{id}/deliveries": {
+            "get": _op(
+                "The endpoint's deliveries, newest first, each with its attempts",
+                {
+                    "200": _items(
+                        _schema("WebhookDelivery"),
+                        "a page",
+                        nextCursor={"type": ["string", "null"]},
+                    ),
+                    **_api(404),
+                },
+                parameters=[
+                    ENDPOINT_ID,
+                    _query("status", {"enum": list(DELIVERY_STATUSES)}, "only these"),
+                    LIMIT,
+                    CURSOR,
+                ],
+            )
+        },
+        "/api/webhooks/{id}/deliveries/{deliveryId}/redeliver": {
+            "post": _op(
+                "Send a delivery again, whatever its status (409: the endpoint is disabled)",
+                {"202": _json(_schema("WebhookDelivery"), "pending, due now"), **_api(404, 409)},
+                parameters=[ENDPOINT_ID, DELIVERY_ID],
+            )
+        },
+    }
+
+
+def webhook_schemas(allow_http: bool) -> dict[str, Any]:
+    return {
+        "WebhookEndpoint": WEBHOOK_ENDPOINT_SCHEMA,
+        "WebhookEndpointSecret": WEBHOOK_SECRET_SCHEMA,
+        "WebhookDelivery": WEBHOOK_DELIVERY_SCHEMA,
+        "WebhookAttempt": WEBHOOK_ATTEMPT_SCHEMA,
+        **webhook_requests(allow_http),
+    }
+
+
+# -- where people decide: Slack's interactions, one-time links ------------------------------
+
+HTML_PAGE = {"text/html": {"schema": {"type": "string"}}}
+LINK_TOKEN = _path(
+    "token",
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "maxLength": 400},
+    "the signed token of an approval's one-time link",
+)
+
+
+def _page(description: str, *, problem: bool = False) -> dict[str, Any]:
+    content = dict(HTML_PAGE)
+    if problem:  # the edge's own refusals (a NUL character) stay problem+json
+        content["application/problem+json"] = {"schema": _schema(PROBLEM)}
+    return {"description": description, "content": content}
+
+
+def integration_paths() -> dict[str, Any]:
+    """The routes Slack and people's browsers call, without an API key (docs/integrations.md)."""
+    return {
+        "/integrations/slack/interactions": {"post": _slack_interaction()},
+        "/approvals/links/{token}": _link_operations(),
+    }
+
+
+def _form(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/x-www-form-urlencoded": {"schema": schema}}}
+
+
+def _slack_interaction() -> dict[str, Any]:
+    stamp = {"type": "string", "pattern": "^[0-9]{1,12}$"}
+    headers = [
+        {"name": "X-Slack-Request-Timestamp", "in": "header", "required": True, "schema": stamp},
+        {
+            "name": "X-Slack-Signature",
+            "in": "header",
+            "required": True,
+            "schema": {"type": "string"},
+        },
+    ]
+    payload = {"type": "string", "description": "Slack's JSON payload (`block_actions`)"}
+    return _op(
+        "A click on an approval's Slack buttons: verified by Slack's signature (no API key),"
+        " decided once; the message is updated after the answer",
+        {
+            "200": {"description": "received (an empty body, as Slack expects)"},
+            **errors(PROBLEM, 401, 404, 413, 503),
+        },
+        security=[],
+        parameters=headers,
+        requestBody=_form(
+            {"type": "object", "required": ["payload"], "properties": {"payload": payload}}
+        ),
+    )
+
+
+def _link_operations() -> dict[str, Any]:
+    failures = {
+        "400": _page("the form has no valid decision (or comment)", problem=True),
+        "404": _page("not a link signed here, an unknown approval, or links not configured"),
+        "405": _ref("responses", "Problem405"),
+        "410": _page("the link has expired, with its approval"),
+        "414": _ref("responses", "Problem414"),
+        "431": _ref("responses", "Problem431"),
+    }
+    decision = {
+        "type": "object",
+        "required": ["decision"],
+        "properties": {
+            "decision": {"enum": ["approve", "reject"]},
+            "comment": {"type": "string", "maxLength": MAX_COMMENT},
+        },
+    }
+    shown = _page("the approval, with its form while it is pending")
+    decided = {"200": _page("decided"), "409": _page("already decided, or expired")}
+    return {
+        "get": _op(
+            "The page of a one-time approval link: what it decides and a form; never a"
+            " decision (link scanners open links)",
+            {"200": shown, **failures},
+            security=[],
+            parameters=[LINK_TOKEN],
+        ),
+        "post": _op(
+            "Decide through a one-time link, once",
+            {**decided, "413": _ref("responses", "Problem413"), **failures},
+            security=[],
+            parameters=[LINK_TOKEN],
+            requestBody=_form(decision),
+        ),
+    }
+
+
 def document(settings: Settings) -> dict[str, Any]:
     key = idempotency_key(settings.idempotency.max_key_length)
     async_key = idempotency_key(settings.idempotency.max_key_length, needs_async=True)
@@ -1227,8 +1783,10 @@ def document(settings: Settings) -> dict[str, Any]:
             **approval_paths(key),
             **workflow_paths(async_key),
             **operator_paths(),
+            **webhook_paths(key),
             **openai_paths(key),
             **public_paths(),
+            **integration_paths(),
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -1257,6 +1815,7 @@ def document(settings: Settings) -> dict[str, Any]:
                 "ResponseStreamEvent": RESPONSE_STREAM_EVENT,
                 "Problem": PROBLEM_SCHEMA,
                 "OpenAIError": OPENAI_ERROR_SCHEMA,
+                **webhook_schemas(settings.webhooks.allow_http),
             },
             "responses": error_responses(settings.web.max_request_bytes),
         },

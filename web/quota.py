@@ -5,18 +5,21 @@ answer is replayed, since a replay spends nothing, and a refusal releases the re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
-from decimal import Decimal
+from typing import Any
 
 from flask import Blueprint, Response, g, jsonify, request
 
-from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, PRIORITIES
-from tracon_jobs.limits.quota_store import utc_now, window_of
+from tracon_jobs.limits.quota_store import Period, utc_now, window_of
+from tracon_jobs.limits.tenant_quotas import quota_json
 from tracon_jobs.runtime import Runtime
 from web.auth import require_tenant, tenant_id
 from web.extensions import runtime
 from web.idempotency import before_new_work
 from web.problems import Problem
+
+log = logging.getLogger(__name__)
 
 bp = Blueprint("quota", __name__, url_prefix="/api")
 require_tenant(bp)
@@ -26,36 +29,24 @@ require_tenant(bp)
 def quota() -> Response:
     """The tenant's quota and what it spent in the current period, its concurrency limit,
     its weight in fair dispatch and the priorities its runs may ask for."""
-    rt = runtime()
-    usage = rt.quotas.usage(tenant_id())
-    left = usage.left
-    return jsonify(
-        {
-            "period": usage.quota.period,
-            "limit": _amount(usage.quota.limit),
-            "used": _amount(usage.used),
-            "left": _amount(left),
-            "resetsAt": f"{usage.window.end:%Y-%m-%dT%H:%M:%SZ}",
-            "currency": rt.settings.pricing.currency,
-            "maxConcurrentRuns": max_concurrent_runs(rt, tenant_id()),
-            "weight": rt.tenants.weight(tenant_id()),
-            "priority": PRIORITY_RANGE,
-        }
+    return jsonify(quota_view(runtime(), tenant_id()))
+
+
+def quota_view(rt: Runtime, tenant: str) -> dict[str, Any]:
+    """`GET /api/quota`'s body: also the data of a `quota.exceeded` webhook message."""
+    usage = rt.quotas.usage(tenant)
+    return quota_json(
+        usage,
+        rt.settings.pricing.currency,
+        max_concurrent_runs(rt, tenant),
+        rt.tenants.weight(tenant),
     )
-
-
-PRIORITY_RANGE = {"default": DEFAULT_PRIORITY, "min": min(PRIORITIES), "max": max(PRIORITIES)}
-"""The priorities a run may ask for (higher first within its tenant's line)."""
 
 
 def max_concurrent_runs(rt: Runtime, tenant: str) -> int | None:
     """The tenant's own limit, else `Tenants.MaxConcurrentRuns`."""
     own = rt.tenants.max_concurrent_runs(tenant)
     return own if own is not None else rt.settings.tenants.max_concurrent_runs
-
-
-def _amount(value: Decimal | None) -> float | None:
-    return None if value is None else float(value)
 
 
 def refuse_when_spent(blueprint: Blueprint, endpoints: Iterable[str]) -> None:
@@ -82,6 +73,7 @@ def refuse_when_quota_spent() -> None:
     refusal = quotas.refusal(tenant, quota, now)
     if refusal is None:
         return
+    tell_quota_exceeded(tenant, quota.period)
     retry_after = window_of(quota.period, now).seconds_left(now)
     raise Problem(
         429,
@@ -91,3 +83,12 @@ def refuse_when_quota_spent() -> None:
         code=refusal.type,
         openai_type="insufficient_quota",
     )
+
+
+def tell_quota_exceeded(tenant: str, period: Period) -> None:
+    """The `quota.exceeded` webhook message of the refusal (once a quota window, only when
+    anyone wants it): a failure to write it is logged, and the `429` answered all the same."""
+    try:
+        runtime().outbox.quota_refused(tenant, period)
+    except Exception as exc:  # the refusal stands whatever the outbox does
+        log.warning("quota.exceeded of tenant %s not written: %s", tenant, exc)

@@ -95,6 +95,12 @@ SECTIONS: dict[str, Any] = {
                 {"Text": "Handled."},
             ],
         },
+        "stuck": {"Kind": "scripted", "Script": [{"Text": "never", "DelaySeconds": 60}]},
+        "tiny": {  # 130 in, 100 out at the tiny model's prices: 0.000053
+            "Kind": "scripted",
+            "Script": [{"Text": "Cheap.", "InputTokens": 130, "OutputTokens": 100}],
+        },
+        "drafter": {"Kind": "scripted", "Script": [{"Text": "Sorry for the delay."}]},
     },
     "Agents": {
         "support": {
@@ -117,14 +123,20 @@ SECTIONS: dict[str, Any] = {
             "Model": {"provider": "gate", "model": "support-model"},
             "Tools": ["close_account"],
         },
+        "stuck": {"Model": {"provider": "stuck", "model": "support-model"}},
+        "tiny": {"Model": {"provider": "tiny", "model": "tiny-model"}},
+        "demo": {"Model": {"provider": "drafter", "model": "support-model"}},  # review's drafter
     },
     "Pricing": {
         "Models": {
             "support-model": {"InputPerMillion": 2.5, "OutputPerMillion": 10},
             "router-model": {"InputPerMillion": 0.15, "OutputPerMillion": 0.6},
+            "tiny-model": {"InputPerMillion": 0.1, "OutputPerMillion": 0.4},
         }
     },
     "ToolModules": ["tests.tools"],
+    "WorkflowModules": ["tests.workflows"],
+    "Workflows": {"EnableCheckpointing": True},
 }
 
 

@@ -8,10 +8,14 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.conftest import Console
+from tests.browser.conftest import SECTIONS, Console
 from tracon_jobs.runs.cancel import cancel_tree
+from web.console.blueprint import duration
 
 pytestmark = pytest.mark.browser
+
+SCIENTIFIC = re.compile(r"(?<![\w-])\d+(?:\.\d+)?e-\d+")
+"""A number in scientific notation (5.3e-05); a page's run ids are taken out first."""
 
 
 def test_a_bad_key_is_refused_and_a_good_one_lands_on_the_runs(console: Console) -> None:
@@ -115,6 +119,56 @@ def test_cancel_from_the_run_page(console: Console) -> None:
     expect(console.page.locator("#cancel-run")).to_have_count(0)
 
 
+def test_a_model_call_cut_by_a_cancel_is_shown_ended_not_running(console: Console) -> None:
+    run_id = console.submit("stuck")  # its model answers in a minute
+    console.wait_for_event(run_id, "ModelCallStarted")
+    console.sign_in()
+    console.page.goto(console.url(f"/runs/{run_id}"))
+    call = console.page.locator("li.step-model")
+    expect(call.locator(".tag", has_text="running")).to_have_count(1)
+
+    console.page.click("#cancel-run")
+
+    expect(console.page.locator("#run-live[data-status=Canceled]")).to_have_count(1)
+    expect(call).to_have_class(re.compile(r"\bstate-stopped\b"))
+    expect(call.locator(".tag", has_text="running")).to_have_count(0)
+    expect(call.locator(".tag-stopped")).to_have_text("canceled")
+    expect(call).to_contain_text('"kind": "canceled"')
+    events = {e.type: e for e in console.runtime.runs.events(run_id)}
+    lasted = (events["ModelCallFailed"].at - events["ModelCallStarted"].at).total_seconds()
+    # the call's time is the span up to its end event, on the page and after a reload
+    expect(call.locator(".step-time")).to_contain_text(f" · {duration(lasted * 1000)}")
+    console.page.reload()
+    expect(call.locator(".step-time")).to_contain_text(f" · {duration(lasted * 1000)}")
+    console.screenshot("run-canceled-call")
+
+
+def test_a_tiny_cost_reads_the_same_on_every_page(console: Console) -> None:
+    run_id = console.submit("tiny")  # 130 tokens in, 100 out: 0.000053 USD
+    console.wait_for(run_id, "Completed")
+    console.sign_in()
+
+    row = console.page.locator(f"tr[data-run-id='{run_id}']")
+    expect(row).to_contain_text("0.000053 USD")
+    row_text = row.inner_text()
+    console.page.goto(console.url(f"/runs/{run_id}"))
+    expect(console.page.locator(".summary [data-money]")).to_have_text("0.000053 USD")
+    call = console.page.locator("li.step-model")
+    expect(call.locator(".tag").first).to_contain_text("cost 0.000053 USD")
+    expect(call).to_contain_text("0.000053 USD (Configured)")
+    run_text = console.page.locator("main").inner_text()
+    console.page.goto(console.url("/statistics"))
+    expect(console.page.locator("[data-count=cost] .big")).to_have_text("0.000053")
+    totals = console.page.locator(".chart-total", has_text="USD")
+    expect(totals).to_have_count(2)  # the cost plots, by agent and by model
+    for index in range(2):
+        expect(totals.nth(index)).to_have_text("0.000053 USD in all")
+    statistics_text = console.page.locator("main").inner_text()
+    for text in (row_text, run_text, statistics_text):
+        assert not SCIENTIFIC.search(text.replace(run_id, "").replace(run_id[:8], "")), text
+    console.screenshot("statistics-tiny-cost")
+
+
 def test_the_approvals_inbox_approves_and_rejects(console: Console) -> None:
     approved_run, rejected_run = console.submit("closer"), console.submit("closer")
     for run_id in (approved_run, rejected_run):
@@ -156,7 +210,7 @@ def test_the_circuits_page_lists_every_provider(console: Console) -> None:
     console.page.goto(console.url("/circuits"))
 
     rows = console.page.locator("tr[data-provider]")
-    expect(rows).to_have_count(6)
+    expect(rows).to_have_count(len(SECTIONS["Providers"]))
     expect(console.page.locator("tr[data-provider=scripted]")).to_contain_text("closed")
     console.screenshot("circuits")
 

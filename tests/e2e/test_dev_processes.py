@@ -60,7 +60,12 @@ def _git(*args: str, cwd: Path = SOURCE) -> str:
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("fresh") / "tracon-jobs"
+    return make_clone(tmp_path_factory.mktemp("fresh") / "tracon-jobs")
+
+
+def make_clone(target: Path) -> Path:
+    """A fresh clone at `target`: the tracked files with the working tree's changes over them
+    (see the module's docstring)."""
     subprocess.run(
         ["git", "clone", "--quiet", str(SOURCE), str(target)], check=True, capture_output=True
     )

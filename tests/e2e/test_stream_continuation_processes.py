@@ -1,7 +1,7 @@
 """A live native event stream whose worker is killed mid-answer, on real processes
 (`tracon-jobs web` with its stream hub, celery workers, beat's orphan scan, Redis, SQLite):
-the same connection withdraws the orphan's partial text, tells of its end and its
-continuation, then follows the continuation run, its stored events named
+the same connection withdraws the orphan's partial text, tells of its call's end, its own end
+and its continuation, then follows the continuation run, its stored events named
 `<continuation id>:<seq>` and its answer's text live, and ends with its `RunCompleted`
 (docs/http-api.md, "A worker that dies mid-run"). A client that comes back with
 `Last-Event-ID: <continuation id>:1` gets the continuation's events after that seq.
@@ -118,16 +118,18 @@ def test_a_stream_whose_worker_dies_follows_the_continuation_on_the_same_connect
 
     events = [f.event for f in seen]
     reset = events.index("ModelTextReset")
-    assert events[reset + 1 : reset + 3] == ["RunFailed", "RunContinued"], events
+    ends = ["ModelCallFailed", "RunFailed", "RunContinued"]
+    assert events[reset + 1 : reset + 4] == ends, events
     assert all(f.id is None for f in seen if f.event.startswith("ModelText")), seen
     before = seen[:reset]
     assert before[0].id == "1" and all(f.id and ":" not in f.id for f in before if f.id)
-    failed, continued = seen[reset + 1], seen[reset + 2]
+    cut, failed, continued = seen[reset + 1 : reset + 4]
+    assert cut.data["data"]["kind"] == "interrupted", cut  # the killed worker's call ends
     assert failed.data["data"]["error"]["type"] == "orphaned", failed
     continuation = str(continued.data["data"]["continuationRunId"])
     assert continuation != orphan
-    assert ":" not in (failed.id or "") and ":" not in (continued.id or "")
-    after = seen[reset + 3 :]
+    assert all(":" not in (f.id or "") for f in (cut, failed, continued))
+    after = seen[reset + 4 :]
     stored = [f for f in after if f.id is not None]
     assert [f.id for f in stored] == [f"{continuation}:{n}" for n in range(1, len(stored) + 1)]
     assert stored[-1].event == "RunCompleted", events

@@ -187,6 +187,43 @@ def test_a_format_the_api_cannot_honour_sends_nothing(
     assert stub.requests == []
 
 
+def test_stop_is_sent_as_stop_sequences_and_options_that_ask_for_nothing_are_left_out(
+    stub: StubProvider, provider: AnthropicProvider
+) -> None:
+    provider.complete(
+        request(stop=["END"], presence_penalty=0, frequency_penalty=0, logit_bias={}),
+        AbortSignal(),
+    )
+
+    [body] = stub.requests
+    assert body["stop_sequences"] == ["END"]
+    for option in ("stop", "presence_penalty", "frequency_penalty", "logit_bias", "seed"):
+        assert option not in body
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"seed": 0},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": -1.0},
+        {"logit_bias": {"50256": 1}},
+        {"reasoning_effort": "low"},
+        {"verbosity": "low"},
+        {"stop": ["   "]},
+    ],
+)
+def test_an_option_the_api_has_none_of_is_refused_and_nothing_is_sent(
+    stub: StubProvider, provider: AnthropicProvider, option: dict[str, Any]
+) -> None:
+    with pytest.raises(ProviderError) as raised:
+        provider.complete(request(**option), AbortSignal())
+
+    assert raised.value.kind == "configuration"
+    assert str(raised.value).startswith("Provider 'claude' cannot take this request: an anthropic")
+    assert stub.requests == []
+
+
 def test_an_image_part_is_an_image_block(stub: StubProvider, provider: AnthropicProvider) -> None:
     content = [
         {"type": "text", "text": "What is this?"},

@@ -1,7 +1,9 @@
-"""The `tracon-jobs` command line through the cli's `main` (and, where `sys.path` matters, the
-installed `tracon-jobs` script): fresh directories, help texts, `--version`, `runs list`,
-`runs show`, `runs tail`, `drain --off`, and `dev` refusing taken ports before it starts
-anything. SQLite only: what is checked here is the command line, not the stores."""
+"""The `tracon-jobs` command line through the cli's `main` (and, where `sys.path`, stdout or
+the environment of a process matter, a real `tracon-jobs` process): fresh directories, help
+texts, `--version`, `migrate`'s checks, `runs list`, `runs show`, `runs tail`, tiny costs,
+`keys list`, `drain --off`, `dev` refusing taken ports before it starts anything, a stdout
+closed early, and the `TRACON_*` variables at startup. SQLite only: what is checked here is
+the command line, not the stores."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,8 @@ import pytest
 
 from tests.helpers import MakeRuntime, Script, scripted_agent
 from tracon_jobs import __version__
-from tracon_jobs.cli import main
+from tracon_jobs.cli import EXIT_BROKEN_PIPE, main
+from tracon_jobs.cli.output import amount_text
 from tracon_jobs.cli.parser import build_parser
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
@@ -31,8 +35,11 @@ LOOKUP_THEN_ANSWER: Script = [
     {"Text": "Shipped.", "InputTokens": 30, "OutputTokens": 12},
 ]
 FAILING: Script = [{"ErrorStatus": 400}]
-GROUPS = ["tenants", "keys", "runs", "idempotency", "approvals"]
+TINY: Script = [{"Text": "ok", "InputTokens": 29, "OutputTokens": 12}]
+"""29 tokens at 1 and 12 at 2 per million (`scripted_agent`'s prices): 0.000053."""
+GROUPS = ["tenants", "keys", "runs", "idempotency", "approvals", "webhooks"]
 SCRIPT = Path(sys.executable).with_name("tracon-jobs")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -124,6 +131,35 @@ def test_tool_modules_of_the_working_directory_import_from_the_installed_script(
     assert done.stdout.splitlines()[0].split()[:2] == ["provider", "state"]
 
 
+def test_migrate_refuses_an_agent_naming_an_unknown_tool_as_every_command_does(
+    clean_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `database migrated` and exit 0, for a configuration web, worker and every
+    operator command refuse."""
+    database = clean_env / "var" / "t.db"
+    tracon = scripted_agent(TINY, ["no_such_tool"]) | {"Database": {"Url": f"sqlite:///{database}"}}
+    (clean_env / "tracon.json").write_text(json.dumps({"Tracon": tracon}))
+
+    for command in (["migrate"], ["workflows", "list"]):
+        assert main(command) == 78
+        err = capsys.readouterr().err
+        assert "Agents.demo.Tools[0]: no tool named 'no_such_tool' is registered" in err
+
+    assert not database.exists()  # refused before the migration
+
+
+def test_migrate_checks_the_configuration_without_redis(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deploy migrates before Redis is up (compose's `migrate` waits for PostgreSQL only)."""
+    monkeypatch.setenv("TRACON_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    tracon = scripted_agent(TINY, ["lookup_order"])
+    (clean_env / "tracon.json").write_text(json.dumps({"Tracon": tracon}))
+
+    assert main(["migrate"]) == 0
+    assert "database migrated" in capsys.readouterr().out
+
+
 # -- help, version, groups -----------------------------------------------------------------
 
 
@@ -212,7 +248,7 @@ def test_runs_list_prints_a_header_then_tokens_and_cost(
     fields = line.split()
     assert fields[:3] == [run_id, "Completed", "demo"]
     assert int(fields[3]) == run.input_tokens + run.output_tokens > 0
-    assert fields[4:6] == [f"{float(run.cost_amount):.4f}", "USD"]
+    assert fields[4:6] == [amount_text(run.cost_amount), "USD"]
 
 
 @pytest.mark.parametrize("written", ["failed", "FAILED", "Failed"])
@@ -319,6 +355,66 @@ def test_runs_tail_of_an_ended_run_prints_its_events_and_returns(
     assert main(["runs", "tail", "no-such-run"]) == 1
 
 
+def test_a_tiny_cost_keeps_its_digits_in_every_command(
+    clean_env: Path,
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    redis_url: str,
+    write_config: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: `0.0000 USD` in `runs list`, `5.3e-05` in `runs show` and `runs tail`, and a
+    `--cost-limit 1e2` shown as `1E+2 USD`."""
+    config: dict[str, Any] = scripted_agent(TINY)
+    path = write_config(Database={"Url": sqlite_url}, Redis={"Url": redis_url}, **config)
+    monkeypatch.setenv("TRACON_CONFIG", str(path))
+    runtime = make_runtime(sqlite_url, sender=lambda _run_id: None, **config)
+    run_id = new_run(runtime)
+    assert runtime.executor.execute(run_id) == "Completed"
+    run = runtime.runs.get(run_id)
+    assert run is not None and run.cost_amount == Decimal("0.000053")
+
+    assert main(["runs", "list", "--tenant", "acme"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[4:6] == ["0.000053", "USD"]
+
+    assert main(["runs", "show", run_id]) == 0
+    shown = capsys.readouterr().out
+    assert '"amount": 0.000053,' in shown and "e-0" not in shown
+    assert json.loads(shown)["cost"]["amount"] == 0.000053
+
+    assert main(["runs", "tail", run_id]) == 0
+    tailed = capsys.readouterr().out
+    assert '"amount":0.000053' in tailed and "e-0" not in tailed  # the model call's cost
+
+    assert main(["tenants", "quota", "acme", "--cost-limit", "1e2"]) == 0
+    quota = capsys.readouterr().out
+    assert "100.00 USD per day; used 0.000053 USD, left 99.999947 USD" in quota
+
+
+def test_keys_list_names_each_keys_tenant_and_keeps_its_id(
+    runtime: Runtime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: the first 20 characters of the tenant's id under TENANT."""
+    acme, globex = runtime.tenants.ensure_tenant("acme"), runtime.tenants.ensure_tenant("globex")
+    acme_key, globex_key = runtime.tenants.issue_key(acme), runtime.tenants.issue_key(globex)
+    assert runtime.tenants.revoke(globex_key.key_id)
+
+    assert main(["keys", "list"]) == 0
+
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split() == ["KEY", "TENANT", "CREATED", "LAST", "USED", "REVOKED", "TENANT", "ID"]
+    rows = {line.split()[0]: line.split() for line in lines}
+    assert rows[acme_key.key_id][1] == "acme" and rows[acme_key.key_id][-1] == acme
+    assert rows[globex_key.key_id][1] == "globex" and rows[globex_key.key_id][-1] == globex
+    assert rows[acme_key.key_id][4:6] == ["-", "-"]  # never used, not revoked
+    assert len(rows[globex_key.key_id]) == 8  # revoked: its date and time, not `-`
+    assert main(["keys", "list", "--tenant", "globex"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == [
+        globex_key.key_id
+    ]
+
+
 # -- drain ---------------------------------------------------------------------------------
 
 
@@ -397,3 +493,110 @@ def test_dev_ports_must_be_ports(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert exited.value.code == 2
     assert "1 to 65535" in capsys.readouterr().err
+
+
+# -- a real process: stdout closed early, the environment at startup ----------------------
+
+
+def cli(arguments: list[str], cwd: Path, stderr: Any, **env: str) -> subprocess.Popen[bytes]:
+    """`python -m tracon_jobs.cli ARGUMENTS`, its stdout a pipe this test reads; stdout
+    block-buffered, as a user's shell starts it, unless `env` says PYTHONUNBUFFERED."""
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tracon_jobs.cli", *arguments],
+        cwd=cwd,
+        env={**inherited, "PYTHONPATH": str(ROOT), **env},
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+    )
+
+
+def assert_quiet(stderr: str) -> None:
+    for noise in ("Traceback", "BrokenPipeError", "Exception ignored"):
+        assert noise not in stderr, stderr
+
+
+@pytest.mark.parametrize("unbuffered", [{}, {"PYTHONUNBUFFERED": "1"}])
+def test_a_reader_that_closes_after_one_line_ends_runs_show_quietly(
+    runtime: Runtime, tmp_path: Path, unbuffered: dict[str, str]
+) -> None:
+    """`runs show ID | head -1`: before, a BrokenPipeError traceback and exit 1. Unbuffered
+    (as `dev` starts its children), the `print` itself meets the closed pipe."""
+    tenant = runtime.tenants.ensure_tenant("acme")
+    lines = [f"line {n:05d} " + "x" * 90 for n in range(3000)]  # 300 KB: more than a pipe holds
+    run = runtime.runs.create(NewRun(tenant_id=tenant, agent="demo", input={"lines": lines}))
+
+    with (tmp_path / "stderr").open("w+") as err:
+        process = cli(["runs", "show", run.id], tmp_path, err, **unbuffered)
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        process.stdout.close()  # what `head -1` does once it has its line
+        code = process.wait(timeout=60)
+        err.seek(0)
+        stderr = err.read()
+
+    assert first == b"{\n"
+    assert code == EXIT_BROKEN_PIPE, stderr
+    assert_quiet(stderr)
+
+
+@pytest.mark.parametrize("command", [["--help"], ["keys", "list"], ["runs", "tail", "RUN"]])
+def test_every_command_ends_quietly_when_its_reader_is_gone_before_it_writes(
+    runtime: Runtime, tmp_path: Path, command: list[str]
+) -> None:
+    """`tracon-jobs ... | true`: the short output is written at the end, into a closed pipe
+    (before: `Exception ignored ... BrokenPipeError`, or a traceback)."""
+    run_id = new_run(runtime)
+    assert runtime.executor.execute(run_id) == "Completed"
+    command = [run_id if part == "RUN" else part for part in command]
+
+    with (tmp_path / "stderr").open("w+") as err:
+        process = cli(command, tmp_path, err)
+        assert process.stdout is not None
+        process.stdout.close()  # the reader is gone before the first write
+        code = process.wait(timeout=60)
+        err.seek(0)
+        stderr = err.read()
+
+    assert code == EXIT_BROKEN_PIPE, stderr
+    assert_quiet(stderr)
+
+
+def test_a_variable_that_configures_nothing_is_warned_of_at_startup(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    """`TRACON_CIRCUITBREAKER__FAILURETHRESHOLD=0` (one underscore after the prefix) overrides
+    nothing: before, the command ran without a word about it."""
+    with (tmp_path / "stderr").open("w+") as err:
+        process = cli(
+            ["workflows", "list"], tmp_path, err, TRACON_CIRCUITBREAKER__FAILURETHRESHOLD="0"
+        )
+        out, _ = process.communicate(timeout=60)
+        err.seek(0)
+        stderr = err.read()
+
+    assert process.returncode == 0, stderr
+    assert out.decode().split() == ["WORKFLOW", "DESCRIPTION"]
+    [warning] = [line for line in stderr.splitlines() if "configures nothing" in line]
+    assert " WARNING tracon_jobs.settings environment variable " in warning
+    assert warning.endswith(
+        "TRACON_CIRCUITBREAKER__FAILURETHRESHOLD configures nothing; "
+        "did you mean TRACON__CIRCUITBREAKER__FAILURETHRESHOLD?"
+    )
+
+
+def test_the_setting_spelled_right_with_a_value_breaking_its_rule_fails_naming_it(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    with (tmp_path / "stderr").open("w+") as err:
+        process = cli(["migrate"], tmp_path, err, TRACON__CIRCUITBREAKER__FAILURETHRESHOLD="0")
+        process.communicate(timeout=60)
+        err.seek(0)
+        stderr = err.read()
+
+    assert process.returncode == 78, stderr
+    assert (
+        "tracon-jobs: Invalid configuration: CircuitBreaker.FailureThreshold: must be at least 1 "
+        "(got 0) (from environment variable TRACON__CIRCUITBREAKER__FAILURETHRESHOLD)"
+    ) in stderr
+    assert "configures nothing" not in stderr and "database migrated" not in stderr

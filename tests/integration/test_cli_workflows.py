@@ -1,15 +1,16 @@
-"""`tracon-jobs workflows list|runs|resume` through the cli's `main`, with `TRACON_CONFIG`
-naming a config on the test's database and Redis."""
+"""`tracon-jobs workflows list|runs|respond|resume` through the cli's `main`, with
+`TRACON_CONFIG` naming a config on the test's database and Redis."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import MakeRuntime, scripted_agent
+from tests.helpers import MakeRuntime, run_of, scripted_agent
 from tracon_jobs.cli import main
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
@@ -65,3 +66,101 @@ def test_runs_lists_workflow_runs_only_and_resume_starts_the_continuation(
 
     assert main(["workflows", "resume", failed.id, "--tenant", "acme"]) == 1
     assert "resumed already" in capsys.readouterr().err
+
+
+def waiting_review(runtime: Runtime, tenant: str = "acme") -> str:
+    """A `review` run that loaded its order, drafted a reply and waits for a person."""
+    tenant_id = runtime.tenants.ensure_tenant(tenant)
+    new = NewRun(tenant_id=tenant_id, agent="review", kind="workflow", input={"orderId": "o-1"})
+    run_id = runtime.runs.create(new).id
+    assert runtime.executor.execute(run_id) == "Waiting"
+    return run_id
+
+
+def test_respond_answers_the_question_and_the_continuation_completes_with_it(
+    runtime: Runtime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    waiting = waiting_review(runtime)
+    answer = '{"text": "ok"}'
+
+    assert main(["workflows", "respond", waiting, "--tenant", "acme", "--answer", answer]) == 0
+
+    continuation_id = capsys.readouterr().out.strip()
+    continuation = run_of(runtime, continuation_id)
+    assert continuation.continued_from_run_id == waiting and continuation.status == "Queued"
+    assert continuation.resumable  # a job owns it, as after a respond under respond-async
+    closed = run_of(runtime, waiting)
+    assert closed.status == "Completed" and closed.output == {"continuedIn": continuation_id}
+    assert runtime.executor.execute(continuation_id) == "Completed"
+    assert run_of(runtime, continuation_id).output == {"result": {"reply": "o-1: ok"}}
+
+    # a second answer finds nothing waiting: the store's conflict, as the route's 409
+    assert main(["workflows", "respond", waiting, "--tenant", "acme", "--answer", answer]) == 1
+    err = capsys.readouterr().err
+    assert f"run '{waiting}' is not waiting for an answer" in err and "Completed" in err
+
+
+def test_respond_reads_the_answer_from_a_file_or_stdin(
+    runtime: Runtime,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from_file, from_stdin = waiting_review(runtime), waiting_review(runtime)
+    answer = tmp_path / "answer.json"
+    answer.write_text('{"text": "from a file"}')
+
+    assert main(["workflows", "respond", from_file, "--tenant", "acme", "--file", str(answer)]) == 0
+    by_file = capsys.readouterr().out.strip()
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"text": "from stdin"}'))
+    assert main(["workflows", "respond", from_stdin, "--tenant", "acme", "--file", "-"]) == 0
+    by_stdin = capsys.readouterr().out.strip()
+
+    for run_id, text in ((by_file, "from a file"), (by_stdin, "from stdin")):
+        assert runtime.executor.execute(run_id) == "Completed"
+        assert run_of(runtime, run_id).output == {"result": {"reply": f"o-1: {text}"}}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "code", "said"),
+    [
+        (["--answer", "ok"], 1, "--answer is not JSON (line 1, column 1"),
+        (["--file", "/no/such/answer.json"], 1, "--file: cannot read /no/such/answer.json"),
+        ([], 2, "one of the arguments --answer --file is required"),
+        (["--answer", "1", "--file", "-"], 2, "not allowed with argument"),
+    ],
+)
+def test_respond_refuses_an_answer_it_cannot_read_and_leaves_the_run_waiting(
+    runtime: Runtime,
+    capsys: pytest.CaptureFixture[str],
+    arguments: list[str],
+    code: int,
+    said: str,
+) -> None:
+    waiting = waiting_review(runtime)
+
+    command = ["workflows", "respond", waiting, "--tenant", "acme", *arguments]
+    if code == 2:  # argparse's own usage error
+        with pytest.raises(SystemExit) as exited:
+            main(command)
+        assert exited.value.code == 2
+    else:
+        assert main(command) == code
+
+    assert said in capsys.readouterr().err
+    assert run_of(runtime, waiting).status == "Waiting"
+
+
+def test_respond_to_another_tenants_run_or_to_no_workflow_run_is_refused(
+    runtime: Runtime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    waiting = waiting_review(runtime)
+    runtime.tenants.ensure_tenant("globex")
+    tenant_id = runtime.tenants.ensure_tenant("acme")
+    agent_run = runtime.runs.create(NewRun(tenant_id=tenant_id, agent="demo", input={"m": "x"}))
+
+    assert main(["workflows", "respond", waiting, "--tenant", "globex", "--answer", "1"]) == 1
+    assert f"no run '{waiting}' of tenant 'globex'" in capsys.readouterr().err
+    assert main(["workflows", "respond", agent_run.id, "--tenant", "acme", "--answer", "1"]) == 1
+    assert f"run '{agent_run.id}' is not a workflow run" in capsys.readouterr().err
+    assert run_of(runtime, waiting).status == "Waiting"

@@ -35,6 +35,7 @@ from tracon_jobs.runs.live import TAKEN_AWAY, LiveRuns
 from tracon_jobs.runs.store import NewRun, RunStore
 from tracon_jobs.runtime import Runtime
 from web import create_app
+from web.console.run_timeline import build_timeline
 
 RECONCILE = {
     "Enabled": True,
@@ -122,6 +123,46 @@ def test_cancel_aborts_a_hanging_provider_call_within_a_second(
     wait_until(lambda: stub_provider.in_progress == 0, what="the call closed", timeout=5)
     types = event_types(web_runtime, run_id)
     assert "CancelRequested" in types and types[-1] == "RunCanceled"
+
+
+def test_a_cancel_ends_the_model_call_in_flight_before_the_run(
+    client: tuple[FlaskClient, dict[str, str]],
+    web_runtime: Runtime,
+    stub_provider: StubProvider,
+) -> None:
+    """The call cut by the cancel ends with `ModelCallFailed` (kind `canceled`) before
+    `RunCanceled`: every follower sees it end, and its duration stops there."""
+    http, headers = client
+    stub_provider.default = hang(60, reply("too late"))
+    run_id = submit_async(http, headers)
+    wait_until(lambda: stub_provider.in_progress == 1, what="the provider call", timeout=5)
+
+    http.post(f"/api/runs/{run_id}/cancel", headers=headers)
+    wait_until(lambda: status(web_runtime, run_id) == "Canceled", what="canceled", timeout=5)
+
+    events = web_runtime.runs.events(run_id)
+    assert [e.type for e in events][-4:] == [
+        "ModelCallStarted",
+        "CancelRequested",
+        "ModelCallFailed",
+        "RunCanceled",
+    ]
+    ended = events[-2].data
+    assert ended == {
+        "provider": "a",
+        "model": "gpt-a",
+        "status": None,
+        "kind": "canceled",
+        "message": "the run was canceled",
+        "counted": False,
+    }
+    [call] = [step for step in build_timeline(events, [], live=False).steps if step.kind == "model"]
+    assert (call.state, call.stopped, call.ended) == ("stopped", "canceled", events[-2].at)
+    later = web_runtime.db.now() + timedelta(hours=1)
+    assert call.duration_ms(later) == call.duration_ms(events[-1].at)
+    sse = {**headers, "Accept": "text/event-stream"}
+    frames = http.get(f"/api/runs/{run_id}/events", headers=sse).get_data(as_text=True)
+    assert frames.index("event: ModelCallFailed") < frames.index("event: RunCanceled")
 
 
 def test_cancel_reaches_a_running_tool_through_its_signal(
@@ -478,6 +519,59 @@ def test_a_run_that_beats_after_the_scan_read_it_is_not_closed(
     )
 
     assert closed is None and status(runtime, run.id) == "Running"
+
+
+def test_scan_ends_the_model_call_an_orphan_was_making(
+    make_runtime: MakeRuntime,
+    sql_url: str,
+) -> None:
+    """A process that died (or was cut off at its drain deadline) mid call wrote no end of
+    it: the close writes one, `ModelCallFailed` of kind `interrupted`, before `RunFailed`."""
+    runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
+    run, answered = new_run(runtime), new_run(runtime)
+    for each in (run, answered):
+        claim = claim_run(runtime, each.id, "dead-worker")
+        assert claim is not None
+        runtime.runs.append(claim, "ModelCallStarted", {"turn": 0, "provider": "p", "model": "m"})
+        set_heartbeat(runtime, each.id, timedelta(minutes=10))
+    runtime.runs.append(claim, "ModelCallFailed", {"provider": "p", "model": "m"})  # answered's
+
+    result = runtime.reconciler.scan_once(runtime.db.now())
+
+    assert sorted(result.orphaned) == sorted([run.id, answered.id])
+    events = runtime.runs.events(run.id)
+    assert [e.type for e in events][-3:] == ["ModelCallStarted", "ModelCallFailed", "RunFailed"]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[-2].data["kind"] == "interrupted"
+    assert (events[-2].data["provider"], events[-2].data["model"]) == ("p", "m")
+    types = event_types(runtime, answered.id)
+    assert types[-2:] == ["ModelCallFailed", "RunFailed"] and types.count("ModelCallFailed") == 1
+
+
+def test_an_orphan_that_wrote_an_event_after_the_scan_read_it_is_not_closed(
+    make_runtime: MakeRuntime,
+    sql_url: str,
+) -> None:
+    """Its model call was open when read: the close that ends it needs the events unchanged."""
+    runtime = make_runtime(sql_url, RunReconciliation=RECONCILE, **scripted_agent([]))
+    run = new_run(runtime)
+    claim = claim_run(runtime, run.id, "slow-but-alive")
+    assert claim is not None
+    runtime.runs.append(claim, "ModelCallStarted", {"turn": 0, "provider": "p", "model": "m"})
+    set_heartbeat(runtime, run.id, timedelta(minutes=10))
+    now = runtime.db.now()
+    [candidate] = runtime.runs.orphans(now, timedelta(seconds=5), 10)
+
+    runtime.runs.append(claim, "ModelCallFailed", {"provider": "p", "model": "m"})
+    closed = runtime.runs.close_orphan(
+        candidate,
+        RunStatus.FAILED,
+        RunError("orphaned", ErrorClass.INFRASTRUCTURE, "x"),
+        now - timedelta(seconds=5),
+    )
+
+    assert closed is None and status(runtime, run.id) == "Running"
+    assert event_types(runtime, run.id)[-1] == "ModelCallFailed"
 
 
 # -- continuation ------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.core.result import Ok
 from werkzeug.test import TestResponse
 
+from tests import webhook_rows
 from tests.helpers import MakeRuntime, ThreadWorker, hold_queued, scripted_agent
 from tracon_jobs.runtime import Runtime
 from web import create_app
@@ -40,14 +41,17 @@ GET_ROUTES = [
     "/api/runs/{}/tool-calls",
     "/api/runs/{}/tree",
     "/api/approvals/{}",
+    "/api/webhooks/{}",
+    "/api/webhooks/{}/deliveries",
     "/v1/models/{}",
 ]
-LIST_ROUTES = ["/api/runs", "/api/approvals", "/api/statistics/runs"]
+LIST_ROUTES = ["/api/runs", "/api/approvals", "/api/statistics/runs", "/api/webhooks"]
 QUERY_NAMES = ["status", "agent", "sessionId", "limit", "cursor", "runId", "include", "after"]
 BODY_ROUTES = [
     "/api/agents/demo/run",
     "/api/workflows/none/run",
     "/api/approvals/none/decision",
+    "/api/webhooks",
     "/v1/chat/completions",
     "/v1/responses",
 ]
@@ -224,6 +228,7 @@ def test_after_is_checked_when_last_event_id_wins(client: FlaskClient, key: str)
 KEYED = [
     "POST /api/agents/{name}/run",
     "POST /api/approvals/{id}/decision",
+    "POST /api/webhooks/{id}/rotate-secret",
     "POST /v1/chat/completions",
     "POST /v1/responses",
 ]
@@ -260,19 +265,40 @@ SCHEMATHESIS_CONFIG: dict[str, Any] = {
             "parameters": {"path.id": {"dictionary": "approvals", "probability": 0.5}},
         },
         {
-            "include-name": ["GET /api/runs", "GET /api/approvals"],
+            "include-name": [
+                "GET /api/runs",
+                "GET /api/approvals",
+                "GET /api/webhooks",
+                "GET /api/webhooks/{id}/deliveries",
+            ],
             "checks": {"positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "400"]}},
         },
         {
             "include-name": KEYED + KEYED_WORKFLOW,
             "checks": {"positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "422"]}},
         },
+        {
+            "include-path-regex": "^/api/webhooks/",
+            "exclude-name": ["DELETE /api/webhooks/{id}"],  # the others need it to exist
+            "parameters": {
+                "path.id": {"dictionary": "webhooks", "probability": 0.5},
+                "path.deliveryId": {"dictionary": "deliveries", "probability": 0.5},
+            },
+        },
+        {
+            "include-name": ["POST /api/webhooks", "PATCH /api/webhooks/{id}"],
+            "checks": {
+                "positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "400", "422"]}
+            },
+        },
     ],
 }
 """Where a schema-valid request may still be refused for a state the description cannot
 know: a `cursor` this API did not return (400), an `Idempotency-Key` it saw with another
-body (422). Half the generated agent names, run ids and approval ids name ones that exist, so
-that the answers about real runs and approvals are checked too."""
+body (422), a webhook URL the destination policy refuses for what its host is (a literal
+private address) or that the URL parser refuses (400: a pattern cannot state either). Half
+the generated agent names, run ids, approval ids, webhook endpoint and delivery ids name ones
+that exist, so that the answers about real ones are checked too."""
 
 
 @pytest.fixture
@@ -330,6 +356,7 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(worked_app: Flask) ->
     key = rt.tenants.issue_key(rt.tenants.ensure_tenant("acme")).secret
     headers = {"Authorization": f"Bearer {key}"}
     done, waiting, approval = seed_runs(client, headers)
+    endpoint, delivery_id = seed_webhook(rt, client, headers)
     config = schemathesis.Config.from_dict(
         {
             **SCHEMATHESIS_CONFIG,
@@ -337,6 +364,8 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(worked_app: Flask) ->
                 "agents": {"values": ["demo"]},
                 "runs": {"values": [done, waiting]},
                 "approvals": {"values": [approval]},
+                "webhooks": {"values": [endpoint]},
+                "deliveries": {"values": [delivery_id]},
             },
         }
     )
@@ -355,6 +384,18 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(worked_app: Flask) ->
     assert succeeded >= set(EXERCISED), sorted(answers.items())  # real runs were answered
 
 
+def seed_webhook(rt: Runtime, client: FlaskClient, headers: dict[str, str]) -> tuple[str, str]:
+    """A webhook endpoint with one failed delivery: (endpoint id, delivery id)."""
+    body = {"url": "https://hooks.example.com/x", "events": ["run.completed"]}
+    created = client.post("/api/webhooks", json=body, headers=headers)
+    assert created.status_code == 201, created.get_data(as_text=True)
+    endpoint: str = created.get_json()["id"]
+    tenant = rt.tenants.find_tenant("acme")
+    assert tenant is not None
+    delivery_id, _ = webhook_rows.delivery(rt.db, endpoint, tenant, status="failed")
+    return endpoint, delivery_id
+
+
 EXERCISED = [
     "POST /api/agents/{name}/run",
     "GET /api/approvals/{id}",
@@ -365,6 +406,10 @@ EXERCISED = [
     "GET /api/runs/{id}/tree",
     "POST /v1/chat/completions",
     "POST /v1/responses",
+    "GET /api/webhooks/{id}",
+    "GET /api/webhooks/{id}/deliveries",
+    "POST /api/webhooks/{id}/deliveries/{deliveryId}/redeliver",
+    "POST /api/webhooks/{id}/rotate-secret",
 ]
 """Operations whose successes the run must have checked: the dictionaries did their work."""
 

@@ -48,8 +48,9 @@ def test_list_then_revoke_a_key(runtime: Runtime, capsys: pytest.CaptureFixture[
     assert lines[0].split()[:2] == ["KEY", "TENANT"]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == {kept.key_id, revoked.key_id}
-    assert rows[kept.key_id].rstrip().endswith("-")  # not revoked
-    assert not rows[revoked.key_id].rstrip().endswith("-")
+    assert rows[kept.key_id].split()[1] == "acme" and rows[kept.key_id].split()[-1] == acme
+    assert rows[kept.key_id].split()[-2] == "-"  # not revoked (the tenant's id comes last)
+    assert rows[revoked.key_id].split()[-2] != "-"
     assert kept.secret not in "\n".join(lines)
     [used] = [k for k in runtime.tenants.keys(acme) if k.id == kept.key_id]
     assert used.last_used_at is not None

@@ -6,6 +6,7 @@ Runs are executed by the real executor on a thread standing in for a worker.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,8 +19,10 @@ from openai.types.chat import ChatCompletionMessageParam
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from tests.helpers import MakeRuntime, ThreadWorker, hold_queued, scripted_agent, wait_until
+from tests.stub_provider import StubProvider
 from tracon_jobs.runtime import Runtime
 from web import create_app
+from web.openai_request import NEUTRAL
 
 TEXT = "It shipped."
 
@@ -48,6 +51,23 @@ def serve(
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+def error_message(error: openai.APIStatusError) -> str:
+    """The server's own message, the error body's `message`: what the SDK's `.message` prints
+    around it differs between its versions (the body's repr on the lowest allowed one)."""
+    body = error.body
+    assert isinstance(body, dict), body
+    return str(body["message"])
+
+
+def as_sent(create: Callable[..., Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` as `create`'s keyword arguments, those this version of the SDK does not have
+    yet (the lowest allowed one lacks some) in `extra_body`: the same JSON reaches the server."""
+    known = inspect.signature(create).parameters
+    given = {name: value for name, value in fields.items() if name in known}
+    extra = {name: value for name, value in fields.items() if name not in known}
+    return {**given, "extra_body": extra} if extra else given
 
 
 def client_for(base: str, key: str) -> openai.OpenAI:
@@ -673,8 +693,8 @@ def test_a_run_that_waits_for_an_approval_raises_naming_the_run_and_the_approval
     [run] = api_runs(base, key)
     [approval_id] = run["pendingApprovals"]
     error = caught.value
-    assert run["status"] == "Waiting" and run["id"] in error.message
-    assert approval_id in error.message
+    assert run["status"] == "Waiting" and run["id"] in error_message(error)
+    assert approval_id in error_message(error)
     assert error.code == "run_waiting_for_approval" and error.status_code == 409
     assert error.response.headers["X-Tracon-Run-Id"] == run["id"]
     assert error.response.headers["Location"] == f"/api/runs/{run['id']}"
@@ -701,3 +721,572 @@ def test_the_priority_header_sets_a_v1_runs_priority_and_a_bad_one_is_a_400(
         assert refused.status_code == 400, (bad, refused.text)
         assert "X-Tracon-Priority" in refused.text
     assert len(api_runs(base, key)) == 1  # nothing written for a refused one
+
+
+# -- what the agent is configured with on the server ---------------------------------------
+
+LOOKUP_TOOL: Any = {
+    "type": "function",
+    "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def test_a_request_that_gives_tools_or_asks_for_a_tool_call_is_refused_naming_the_field(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+    chat: Any = client.chat.completions.create
+    refused = {
+        "tools": lambda: chat(model="demo", messages=USER, tools=[LOOKUP_TOOL]),
+        "tool_choice": lambda: chat(model="demo", messages=USER, tool_choice="required"),
+        "functions": lambda: chat(model="demo", messages=USER, functions=[{"name": "f"}]),
+        "function_call": lambda: chat(model="demo", messages=USER, function_call={"name": "f"}),
+    }
+    responses: Any = client.responses.create
+    refused_by_responses = {
+        "tools": lambda: responses(model="demo", input="x", tools=[{"type": "web_search"}]),
+        "tool_choice": lambda: responses(
+            model="demo", input="x", tool_choice={"type": "function", "name": "lookup"}
+        ),
+    }
+
+    for field, call in [*refused.items(), *refused_by_responses.items()]:
+        with pytest.raises(openai.BadRequestError) as caught:
+            call()
+        assert caught.value.param == field and caught.value.code == "unsupported_parameter"
+        assert error_message(caught.value).startswith(f"{field}: ")
+        assert "configured on the server (Agents.demo.Tools)" in error_message(caught.value)
+
+    assert api_runs(base, key) == []
+
+
+def test_an_empty_tools_list_and_tool_choice_auto_or_none_ask_for_nothing_and_are_served(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+
+    chat = client.chat.completions.create(model="demo", messages=USER, tools=[], tool_choice="none")
+    response = client.responses.create(model="demo", input="x", tool_choice="auto")
+
+    assert chat.choices[0].message.content == TEXT and response.output_text == TEXT
+    assert len(api_runs(base, key)) == 2
+
+
+@pytest.fixture
+def serve_stub(
+    serve: Callable[..., tuple[Runtime, str, str]], stub_provider: StubProvider
+) -> Callable[..., tuple[str, str]]:
+    """The agent `demo` on the stub model server (whose `requests` show what the model got):
+    temperature 0.2 and 800 output tokens of its own (`own` adds to its `Model`), calling the
+    provider `stub` (OpenAI-compatible) or `claude` (anthropic); `fallback` adds a link."""
+
+    def start(
+        fallback: dict[str, Any] | None = None, provider: str = "stub", **own: Any
+    ) -> tuple[str, str]:
+        model: dict[str, Any] = {
+            "provider": provider,
+            "model": "stub-model",
+            "temperature": 0.2,
+            "maxOutputTokens": 800,
+            **own,
+        }
+        providers: dict[str, Any] = {
+            "stub": {"Kind": "openai", "BaseUrl": stub_provider.base_url},
+            "claude": {"Kind": "anthropic", "BaseUrl": stub_provider.root_url},
+        }
+        if fallback is not None:
+            model["fallbacks"] = [fallback]
+        agent = {"Instructions": "test agent", "Model": model}
+        _, base, key = serve(Providers=providers, Agents={"demo": agent})
+        return base, key
+
+    return start
+
+
+def test_temperature_top_p_and_the_output_limit_of_a_request_reach_the_model(
+    serve_stub: Callable[..., tuple[str, str]], stub_provider: StubProvider
+) -> None:
+    base, key = serve_stub()
+    client = client_for(base, key)
+
+    client.chat.completions.create(model="demo", messages=USER)
+    client.chat.completions.create(
+        model="demo", messages=USER, temperature=0.7, top_p=0.5, max_tokens=50
+    )
+    client.chat.completions.create(
+        model="demo", messages=USER, max_tokens=90, max_completion_tokens=60
+    )
+    response = client.responses.create(model="demo", input="x", temperature=0, max_output_tokens=40)
+
+    sent = [
+        (body.get("temperature"), body.get("top_p"), body.get("max_tokens"))
+        for body in stub_provider.requests
+    ]
+    assert sent == [(0.2, None, 800), (0.7, 0.5, 50), (0.2, None, 60), (0, None, 40)]
+    assert (response.temperature, response.top_p, response.max_output_tokens) == (0, None, 40)
+    newest = api_runs(base, key)[0]
+    assert newest["input"]["options"] == {"temperature": 0, "maxOutputTokens": 40}
+
+
+def test_a_sampling_option_out_of_its_range_is_refused_naming_the_field(
+    serve_stub: Callable[..., tuple[str, str]], stub_provider: StubProvider
+) -> None:
+    base, key = serve_stub()
+    client = client_for(base, key)
+    chat: Any = client.chat.completions.create
+    responses: Any = client.responses.create
+    refused = [
+        ("temperature", lambda: chat(model="demo", messages=USER, temperature=2.5)),
+        ("top_p", lambda: chat(model="demo", messages=USER, top_p=-0.1)),
+        ("max_tokens", lambda: chat(model="demo", messages=USER, max_tokens=0)),
+        (
+            "max_completion_tokens",
+            lambda: chat(model="demo", messages=USER, max_completion_tokens=1.5),
+        ),
+        ("temperature", lambda: responses(model="demo", input="x", temperature="0.5")),
+        ("max_output_tokens", lambda: responses(model="demo", input="x", max_output_tokens=0)),
+    ]
+
+    for field, call in refused:
+        with pytest.raises(openai.BadRequestError) as caught:
+            call()
+        assert caught.value.param == field, error_message(caught.value)
+        assert error_message(caught.value).startswith(f"{field}: ")
+
+    assert api_runs(base, key) == [] and stub_provider.requests == []
+
+
+def test_a_temperature_an_anthropic_link_of_the_agent_cannot_take_is_refused(
+    serve_stub: Callable[..., tuple[str, str]], stub_provider: StubProvider
+) -> None:
+    base, key = serve_stub(fallback={"provider": "claude", "model": "claude-model"})
+    client = client_for(base, key)
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="demo", messages=USER, temperature=1.5)
+    client.chat.completions.create(model="demo", messages=USER, temperature=1)
+
+    assert caught.value.param == "temperature"
+    assert "between 0 and 1 (got 1.5)" in error_message(caught.value)
+    assert "anthropic provider 'claude'" in error_message(caught.value)
+    assert [body["temperature"] for body in stub_provider.requests] == [1]
+
+
+def test_system_and_developer_messages_follow_the_agents_instructions(
+    serve_stub: Callable[..., tuple[str, str]], stub_provider: StubProvider
+) -> None:
+    base, key = serve_stub()
+    client = client_for(base, key)
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "developer", "content": "answer in French"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "salut"},
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "where is A-1?"},
+    ]
+
+    client.chat.completions.create(model="demo", messages=messages)
+    client.responses.create(model="demo", input="hi", instructions="be brief")
+
+    chat, response = (body["messages"] for body in stub_provider.requests)
+    assert chat == [
+        {"role": "system", "content": "test agent"},
+        {"role": "system", "content": "answer in French"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "salut"},
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "where is A-1?"},
+    ]
+    assert response == [
+        {"role": "system", "content": "test agent"},
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+
+
+# -- every other field of OpenAI's request --------------------------------------------------
+
+CHAT_ASKS_FOR_MORE: list[tuple[str, dict[str, Any]]] = [
+    ("n", {"n": 2}),
+    ("logprobs", {"logprobs": True}),
+    ("top_logprobs", {"top_logprobs": 3}),
+    ("store", {"store": False}),
+    ("service_tier", {"service_tier": "flex"}),
+    ("moderation", {"moderation": {"model": "omni-moderation-latest"}}),
+    ("prediction", {"prediction": {"type": "content", "content": "It shipped."}}),
+    ("audio", {"audio": {"voice": "alloy", "format": "wav"}}),
+    ("modalities", {"modalities": ["text", "audio"]}),
+    ("web_search_options", {"web_search_options": {}}),
+    (
+        "stream_options.include_obfuscation",
+        {"stream": True, "stream_options": {"include_obfuscation": True}},
+    ),
+    ("prompt_cache_options.prewarm", {"prompt_cache_options": {"prewarm": True}}),
+    (
+        "prompt_cache_options.comparison_response_id",
+        {"prompt_cache_options": {"comparison_response_id": "resp_1"}},
+    ),
+]
+RESPONSES_ASK_FOR_MORE: list[tuple[str, dict[str, Any]]] = [
+    ("background", {"background": True}),
+    ("background_options", {"background_options": {"completion_window": "2h"}}),
+    ("conversation", {"conversation": "conv_1"}),
+    ("previous_response_id", {"previous_response_id": "resp_1"}),
+    ("include", {"include": ["message.output_text.logprobs"]}),
+    ("max_tool_calls", {"max_tool_calls": 1}),
+    ("prompt", {"prompt": {"id": "pmpt_1"}}),
+    ("truncation", {"truncation": "auto"}),
+    ("context_management", {"context_management": [{"type": "compaction"}]}),
+    ("image", {"image": {"context_compression": "enabled"}}),
+    ("access_programs", {"access_programs": {"cyber": "standard"}}),
+    ("reasoning.summary", {"reasoning": {"summary": "auto"}}),
+    ("reasoning.generate_summary", {"reasoning": {"generate_summary": "concise"}}),
+    ("reasoning.context", {"reasoning": {"context": "all_turns"}}),
+    ("reasoning.mode", {"reasoning": {"mode": "pro"}}),
+    ("store", {"store": False}),
+    ("service_tier", {"service_tier": "priority"}),
+    ("top_logprobs", {"top_logprobs": 5}),
+    (
+        "stream_options.include_obfuscation",
+        {"stream": True, "stream_options": {"include_obfuscation": True}},
+    ),
+]
+
+
+def test_a_field_a_run_cannot_honour_is_refused_at_any_value_that_asks_for_something(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+    chat: Any = client.chat.completions.create
+    responses: Any = client.responses.create
+    calls: list[tuple[str, Callable[..., Any]]] = [
+        (field, lambda extra=extra: chat(model="demo", messages=USER, **as_sent(chat, extra)))
+        for field, extra in CHAT_ASKS_FOR_MORE
+    ] + [
+        (field, lambda extra=extra: responses(model="demo", input="x", **as_sent(responses, extra)))
+        for field, extra in RESPONSES_ASK_FOR_MORE
+    ]
+
+    messages = {}
+    for field, call in calls:
+        with pytest.raises(openai.BadRequestError) as caught:
+            call()
+        assert (caught.value.param, caught.value.code) == (field, "unsupported_parameter")
+        assert error_message(caught.value).startswith(f"{field}: only ")
+        messages[field] = error_message(caught.value)
+
+    assert {field for field, _ in calls} == set(NEUTRAL)  # each of them is tried
+    assert messages["n"].endswith("n: only null or 1 (got 2): a run gives one answer")
+    assert "every run is recorded, readable at GET /api/runs/{id}" in messages["store"]
+    assert api_runs(base, key) == []
+
+
+def test_the_values_that_ask_for_nothing_and_the_bookkeeping_fields_are_served_unsent(
+    serve_stub: Callable[..., tuple[str, str]], stub_provider: StubProvider
+) -> None:
+    base, key = serve_stub()
+    client: Any = client_for(base, key)  # fields the SDK's types leave out, or type narrowly
+    shared: dict[str, Any] = {
+        "user": "user-1",
+        "safety_identifier": "hash-1",
+        "prompt_cache_key": "support",
+        "prompt_cache_retention": "24h",
+        "prompt_cache_options": {"mode": "implicit", "ttl": "30m", "prewarm": False},
+        "parallel_tool_calls": False,
+        "store": True,
+        "service_tier": "auto",
+        "top_logprobs": 0,
+        "tools": [],
+        "tool_choice": "auto",
+    }
+
+    chat = client.chat.completions.create(
+        model="demo",
+        messages=USER,
+        n=1,
+        logprobs=False,
+        modalities=["text"],
+        stop=[],
+        logit_bias={},
+        **shared,
+    )
+    response = client.responses.create(
+        model="demo",
+        input="x",
+        background=False,
+        include=[],
+        truncation="disabled",
+        context_management=[],
+        reasoning={"context": "auto", "mode": "standard", "summary": None},
+        text={"format": None, "verbosity": None},
+        **shared,
+    )
+    chunks = client.chat.completions.create(
+        model="demo",
+        messages=USER,
+        stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False},
+        service_tier="default",
+    )
+
+    assert chat.choices[0].message.content == "stub reply"
+    assert response.output_text == "stub reply"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "stub reply"
+    sent = stub_provider.requests
+    assert len(sent) == 3
+    for body in sent:  # what the model is sent is the agent's own, as with no such field
+        assert set(body) <= {
+            "model",
+            "messages",
+            "temperature",
+            "max_tokens",
+            "stream",
+            "stream_options",
+        }
+    assert all(run["input"].keys() == {"message", "messages"} for run in api_runs(base, key))
+
+
+def test_stop_seed_penalties_bias_effort_verbosity_and_format_of_a_request_reach_the_model(
+    serve_stub: Callable[..., tuple[str, str]], stub_provider: StubProvider
+) -> None:
+    base, key = serve_stub()
+    client: Any = client_for(base, key)
+    schema = {"type": "object", "properties": {"where": {"type": "string"}}}
+
+    client.chat.completions.create(
+        model="demo",
+        messages=USER,
+        stop="END",
+        seed=7,
+        presence_penalty=0.5,
+        frequency_penalty=-1,
+        logit_bias={"50256": -100},
+        reasoning_effort="low",
+        verbosity="high",
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "where", "schema": schema, "strict": True},
+        },
+    )
+    response = client.responses.create(
+        model="demo",
+        input="x",
+        text={
+            "format": {"type": "json_schema", "name": "where", "schema": schema},
+            "verbosity": "low",
+        },
+        reasoning={"effort": "minimal"},
+    )
+
+    chat_sent, response_sent = stub_provider.requests
+    honoured = ["stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias"]
+    honoured += ["reasoning_effort", "verbosity", "response_format"]
+    assert {name: chat_sent.get(name) for name in honoured} == {
+        "stop": ["END"],
+        "seed": 7,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -1,
+        "logit_bias": {"50256": -100},
+        "reasoning_effort": "low",
+        "verbosity": "high",
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "where", "schema": schema, "strict": True},
+        },
+    }
+    assert response_sent["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "where", "schema": schema},
+    }
+    assert (response_sent["verbosity"], response_sent["reasoning_effort"]) == ("low", "minimal")
+    assert "stop" not in response_sent and "seed" not in response_sent
+    response_run, chat_run = api_runs(base, key)
+    assert chat_run["input"]["options"] == {
+        "stop": ["END"],
+        "seed": 7,
+        "presencePenalty": 0.5,
+        "frequencyPenalty": -1,
+        "logitBias": {"50256": -100},
+        "reasoningEffort": "low",
+        "verbosity": "high",
+        "responseFormat": chat_sent["response_format"],
+    }
+    assert response.id == f"resp_{response_run['id']}"
+
+
+def test_a_requests_response_format_replaces_the_agents_and_text_asks_for_none(
+    serve_stub: Callable[..., tuple[str, str]], stub_provider: StubProvider
+) -> None:
+    base, key = serve_stub(responseFormat={"type": "json_object"})
+    client = client_for(base, key)
+
+    client.chat.completions.create(model="demo", messages=USER)
+    client.chat.completions.create(model="demo", messages=USER, response_format={"type": "text"})
+    client.responses.create(model="demo", input="x", text={"format": {"type": "text"}})
+
+    formats = [body.get("response_format") for body in stub_provider.requests]
+    assert formats == [{"type": "json_object"}, None, None]
+
+
+def test_an_anthropic_link_takes_stop_as_stop_sequences_and_refuses_what_it_has_none_of(
+    serve_stub: Callable[..., tuple[str, str]], stub_provider: StubProvider
+) -> None:
+    base, key = serve_stub(provider="claude")
+    client = client_for(base, key)
+    chat: Any = client.chat.completions.create
+    responses: Any = client.responses.create
+    refused: list[tuple[str, Callable[..., Any]]] = [
+        (field, lambda extra=extra: chat(model="demo", messages=USER, **extra))
+        for field, extra in [
+            ("seed", {"seed": 0}),
+            ("presence_penalty", {"presence_penalty": 0.5}),
+            ("frequency_penalty", {"frequency_penalty": -0.5}),
+            ("logit_bias", {"logit_bias": {"50256": 5}}),
+            ("reasoning_effort", {"reasoning_effort": "high"}),
+            ("verbosity", {"verbosity": "low"}),
+            ("response_format", {"response_format": {"type": "json_object"}}),
+            ("stop", {"stop": ["END", " \n"]}),
+        ]
+    ] + [
+        (field, lambda extra=extra: responses(model="demo", input="x", **extra))
+        for field, extra in [
+            ("reasoning.effort", {"reasoning": {"effort": "low"}}),
+            ("text.verbosity", {"text": {"verbosity": "high"}}),
+            ("text.format", {"text": {"format": {"type": "json_object"}}}),
+        ]
+    ]
+
+    for field, call in refused:
+        with pytest.raises(openai.BadRequestError) as caught:
+            call()
+        assert (caught.value.param, caught.value.code) == (field, "unsupported_parameter")
+        assert error_message(caught.value).startswith(f"{field}: an anthropic ")
+        assert "the agent 'demo' calls the anthropic provider 'claude'" in error_message(
+            caught.value
+        )
+    assert api_runs(base, key) == [] and stub_provider.requests == []
+
+    chat(model="demo", messages=USER, stop=["END", "STOP"], presence_penalty=0, logit_bias={})
+
+    [sent] = stub_provider.requests
+    assert sent["stop_sequences"] == ["END", "STOP"]
+    assert not sent.keys() & {"stop", "seed", "presence_penalty", "logit_bias"}
+
+
+def test_an_anthropic_fallback_link_refuses_a_seed_before_any_run_is_made(
+    serve_stub: Callable[..., tuple[str, str]], stub_provider: StubProvider
+) -> None:
+    base, key = serve_stub(fallback={"provider": "claude", "model": "claude-model"})
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_for(base, key).chat.completions.create(model="demo", messages=USER, seed=3)
+
+    assert caught.value.param == "seed" and "anthropic provider 'claude'" in error_message(
+        caught.value
+    )
+    assert api_runs(base, key) == [] and stub_provider.requests == []
+
+
+def test_metadata_is_kept_with_the_run_and_shown_on_its_response(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+    metadata = {"ticket": "T-1", "team": "ops"}
+
+    response = client.responses.create(model="demo", input="x", metadata=metadata)
+    client.chat.completions.create(model="demo", messages=USER, metadata={"ticket": "T-2"})
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="demo", input="x", metadata={f"k{i}": "v" for i in range(17)})
+
+    assert response.metadata == metadata
+    chat_run, response_run = api_runs(base, key)
+    assert chat_run["input"]["metadata"] == {"ticket": "T-2"}
+    assert response_run["input"]["metadata"] == metadata
+    assert caught.value.param == "metadata"
+
+
+def test_a_field_the_route_does_not_have_is_refused_as_an_unknown_parameter(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+    chat: Any = client.chat.completions.create
+    responses: Any = client.responses.create
+    unknown: list[tuple[str, Callable[[], Any]]] = [
+        ("top_k", lambda: chat(model="demo", messages=USER, extra_body={"top_k": 40})),
+        ("input", lambda: chat(model="demo", messages=USER, extra_body={"input": "x"})),
+        ("seed", lambda: responses(model="demo", input="x", extra_body={"seed": 1})),
+        (
+            "stream_options.include_usage",
+            lambda: responses(
+                model="demo", input="x", stream=True, stream_options={"include_usage": True}
+            ),
+        ),
+        (
+            "response_format.json_schema.schemas",
+            lambda: chat(
+                model="demo",
+                messages=USER,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schemas": {}},
+                },
+            ),
+        ),
+        (
+            "text.format.json_schema",
+            lambda: responses(
+                model="demo", input="x", text={"format": {"type": "text", "json_schema": {}}}
+            ),
+        ),
+        ("reasoning.budget", lambda: responses(model="demo", input="x", reasoning={"budget": 9})),
+    ]
+
+    for field, call in unknown:
+        with pytest.raises(openai.BadRequestError) as caught:
+            call()
+        assert (caught.value.param, caught.value.code) == (field, "unknown_parameter")
+        assert error_message(caught.value).startswith(f"{field}: unknown parameter")
+
+    assert api_runs(base, key) == []
+
+
+def test_an_option_of_the_wrong_shape_is_refused_naming_the_field(
+    serve: Callable[..., tuple[Runtime, str, str]],
+) -> None:
+    _, base, key = serve()
+    client = client_for(base, key)
+    chat: Any = client.chat.completions.create
+    responses: Any = client.responses.create
+    refused: list[tuple[str, Callable[[], Any]]] = [
+        ("stop", lambda: chat(model="demo", messages=USER, stop=["a", "b", "c", "d", "e"])),
+        ("stop.0", lambda: chat(model="demo", messages=USER, stop=[""])),
+        ("seed", lambda: chat(model="demo", messages=USER, seed=1.5)),
+        ("presence_penalty", lambda: chat(model="demo", messages=USER, presence_penalty=2.5)),
+        ("logit_bias.x.[key]", lambda: chat(model="demo", messages=USER, logit_bias={"x": 1})),
+        ("logit_bias.1", lambda: chat(model="demo", messages=USER, logit_bias={"1": 101})),
+        ("reasoning_effort", lambda: chat(model="demo", messages=USER, reasoning_effort="most")),
+        (
+            "response_format",
+            lambda: chat(model="demo", messages=USER, response_format={"type": "json_schema"}),
+        ),
+        (
+            "text.format",
+            lambda: responses(
+                model="demo", input="x", text={"format": {"type": "json_schema", "name": "a"}}
+            ),
+        ),
+        ("text.verbosity", lambda: responses(model="demo", input="x", text={"verbosity": "max"})),
+    ]
+
+    for field, call in refused:
+        with pytest.raises(openai.BadRequestError) as caught:
+            call()
+        assert caught.value.param == field, error_message(caught.value)
+        assert error_message(caught.value).startswith(f"{field}: ")
+
+    assert api_runs(base, key) == []

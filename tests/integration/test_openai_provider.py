@@ -184,11 +184,46 @@ def test_request_carries_the_options_as_given(stub: StubProvider, provider: Open
     assert body["response_format"] == {"type": "json_object"}
 
 
-def test_unset_options_are_left_out(stub: StubProvider, provider: OpenAIProvider) -> None:
-    provider.complete(request(), AbortSignal())
+def test_a_runs_own_options_are_sent_as_chat_completions_names_them(
+    stub: StubProvider, provider: OpenAIProvider
+) -> None:
+    provider.complete(
+        request(
+            stop=["END"],
+            seed=0,
+            presence_penalty=0.5,
+            frequency_penalty=0,
+            logit_bias={"50256": -100},
+            reasoning_effort="low",
+            verbosity="high",
+        ),
+        AbortSignal(),
+    )
 
     [body] = stub.requests
-    for option in ("tools", "temperature", "top_p", "max_tokens", "response_format"):
+    assert (body["stop"], body["seed"], body["logit_bias"]) == (["END"], 0, {"50256": -100})
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (0.5, 0)
+    assert (body["reasoning_effort"], body["verbosity"]) == ("low", "high")
+
+
+def test_unset_options_are_left_out(stub: StubProvider, provider: OpenAIProvider) -> None:
+    provider.complete(request(stop=[], logit_bias={}), AbortSignal())
+
+    [body] = stub.requests
+    for option in (
+        "tools",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "response_format",
+        "stop",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "reasoning_effort",
+        "verbosity",
+    ):
         assert option not in body
 
 

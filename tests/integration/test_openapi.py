@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 import schemathesis
 from flask import Flask
 from flask.testing import FlaskClient
+from pydantic import BaseModel
 from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 from werkzeug.test import TestResponse
@@ -28,6 +30,7 @@ from web import create_app
 from web.inputs import PATH_FIELDS
 from web.live_turn import LiveDelta, LiveReset
 from web.openai_compat import ChatFrames, ResponseFrames
+from web.openai_request import NEUTRAL, ChatRequest, Options, ResponsesRequest
 from web.sse import frame, live_frame
 
 MAX_REQUEST_BYTES = 1024
@@ -316,3 +319,50 @@ def test_the_frames_v1_streams_send_fit_the_description(spec: dict[str, Any]) ->
             assert fits(spec, stream_schema(spec, path), each) == [], (path, each)
     chat_sse = stream_schema(spec, "/v1/chat/completions")
     assert fits(spec, chat_sse, {"data": json.dumps({"object": "chat.completion.chunk"})})
+
+
+def declared_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """The fields a request model reads, those of its options objects as `object.field`."""
+    fields: set[str] = set()
+    for name, spec in model.model_fields.items():
+        field = prefix + (spec.alias or name)
+        fields.add(field)
+        for member in typing.get_args(spec.annotation) or (spec.annotation,):
+            if isinstance(member, type) and issubclass(member, Options):
+                fields |= declared_fields(member, field + ".")
+    return fields
+
+
+def described_fields(schema: dict[str, Any], prefix: str = "") -> set[str]:
+    """The fields a request schema describes, into each object that takes no others."""
+    fields: set[str] = set()
+    for name, sub in schema["properties"].items():
+        fields.add(prefix + name)
+        if sub.get("additionalProperties") is False:
+            fields |= described_fields(sub, f"{prefix}{name}.")
+    return fields
+
+
+@pytest.mark.parametrize(
+    ("component", "model"),
+    [("ChatCompletionRequest", ChatRequest), ("ResponsesRequest", ResponsesRequest)],
+)
+def test_a_v1_request_is_described_field_by_field_and_takes_no_other(
+    spec: dict[str, Any], component: str, model: type[BaseModel]
+) -> None:
+    """The description and the model that reads a request name the same fields, so what the
+    description allows is read (or refused for a reason) and nothing else is taken
+    (`unknown_parameter`); a field taken only at its neutral values is described so."""
+    schema = spec["components"]["schemas"][component]
+
+    assert schema["additionalProperties"] is False
+    assert described_fields(schema) == declared_fields(model)
+    for field in NEUTRAL.keys() & declared_fields(model):
+        described = schema
+        for name in field.split("."):
+            described = described["properties"][name]
+        assert described["enum"] == list(NEUTRAL[field][0]), field
+
+
+def test_every_field_taken_only_at_its_neutral_values_is_a_field_of_a_v1_request() -> None:
+    assert NEUTRAL.keys() <= declared_fields(ChatRequest) | declared_fields(ResponsesRequest)

@@ -401,10 +401,10 @@ def test_tenants_quota_sets_shows_and_clears(
     acme = runtime.tenants.ensure_tenant("acme")
 
     assert main(["tenants", "quota", "acme"]) == 0
-    assert "quota (default): 10 USD per day; used 0.000000 USD" in capsys.readouterr().out
+    assert "quota (default): 10.00 USD per day; used 0.00 USD" in capsys.readouterr().out
 
     assert main(["tenants", "quota", "acme", "--period", "month", "--cost-limit", "2.5"]) == 0
-    assert "quota (own): 2.5 USD per month" in capsys.readouterr().out
+    assert "quota (own): 2.50 USD per month" in capsys.readouterr().out
     assert runtime.quotas.quota_of(acme).limit == Decimal("2.5")
 
     assert main(["tenants", "quota", "acme", "--cost-limit", "none"]) == 0

@@ -16,7 +16,13 @@ from sqlalchemy import select
 from tests.helpers import MakeRuntime, scripted_agent
 from tests.stub_provider import Reply, StubProvider, StubToolCall, error, reply
 from tracon_jobs.db.models import ToolCallRecord
-from tracon_jobs.resilience.cache import MemoryResponseCache, RedisResponseCache, ResponseCache
+from tracon_jobs.providers.base import ModelRequest
+from tracon_jobs.resilience.cache import (
+    MemoryResponseCache,
+    RedisResponseCache,
+    ResponseCache,
+    request_key,
+)
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
@@ -59,6 +65,25 @@ def test_the_redis_cache_is_shared_by_every_client(
 
     assert RedisResponseCache(other).get("a", "k") == {"text": "shared"}
     other.close()
+
+
+def test_a_runs_own_options_are_part_of_the_key_and_options_that_ask_for_nothing_are_not() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    plain = request_key("stub", ModelRequest("m", messages))
+
+    own: list[dict[str, Any]] = [
+        {"stop": ["END"]},
+        {"seed": 1},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5},
+        {"logit_bias": {"1": 1}},
+        {"reasoning_effort": "low"},
+        {"verbosity": "low"},
+    ]
+    keys = {request_key("stub", ModelRequest("m", messages, **option)) for option in own}
+
+    assert plain not in keys and len(keys) == len(own)
+    assert request_key("stub", ModelRequest("m", messages, stop=[], logit_bias={})) == plain
 
 
 def test_an_unreachable_redis_is_a_miss() -> None:

@@ -1,9 +1,10 @@
 """A stream of a run whose worker died follows on into the run that continues it, on the
-same connection: the orphan's partial text withdrawn, its `RunFailed` and `RunContinued`,
-then the continuation's events (named `<run id>:<seq>`) and its streaming text; a client
-that comes back with such a `Last-Event-ID` resumes in the continuation. Both ways a
-stream is served: the stream hub (socket pairs) and `followed` (Flask's test client). The
-runs are written here as a worker and the orphan scan write them, on real SQL and Redis."""
+same connection: the orphan's partial text withdrawn as its call ends (`ModelCallFailed`,
+interrupted), its `RunFailed` and `RunContinued`, then the continuation's events (named
+`<run id>:<seq>`) and its streaming text; a client that comes back with such a
+`Last-Event-ID` resumes in the continuation. Both ways a stream is served: the stream hub
+(socket pairs) and `followed` (Flask's test client). The runs are written here as a worker
+and the orphan scan write them, on real SQL and Redis."""
 
 from __future__ import annotations
 
@@ -147,8 +148,10 @@ def assert_followed_on(text: str, chain: Chain, call: int) -> None:
     seen = frames(text)
     kinds = [kind for _, kind, _ in seen]
     orphan_end = kinds.index("RunFailed")
-    assert kinds[orphan_end - 1] == "ModelTextReset"  # the orphan's half answer withdrawn
-    assert seen[orphan_end - 1][2]["data"]["callSeq"] == call
+    # the orphan's half answer withdrawn as its call ends (interrupted), then its end
+    assert kinds[orphan_end - 2 : orphan_end] == ["ModelTextReset", "ModelCallFailed"]
+    assert seen[orphan_end - 2][2]["data"]["callSeq"] == call
+    assert seen[orphan_end - 1][2]["data"]["kind"] == "interrupted"
     assert kinds[orphan_end + 1] == "RunContinued"
     after = seen[orphan_end + 2 :]
     stored = [(id_, kind) for id_, kind, _ in after if id_ is not None]

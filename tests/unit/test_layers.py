@@ -121,12 +121,25 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tracon_jobs.metrics",
             "tracon_jobs.pricing",
             "tracon_jobs.idempotency",
+            # what a webhook is and how it is signed and sent: no run in them
+            "tracon_jobs.webhooks.events",
+            "tracon_jobs.webhooks.signing",
+            "tracon_jobs.webhooks.addresses",
+            "tracon_jobs.webhooks.sender",
         ),
     ),
     # the providers' guards; the spend limits: tree budgets and tenant quotas
     ("guards and limits", ("tracon_jobs.resilience", "tracon_jobs.limits")),
     ("runs", ("tracon_jobs.runs",)),
-    ("built on runs", ("tracon_jobs.workflows", "tracon_jobs.tenants")),
+    (
+        "built on runs",
+        (
+            "tracon_jobs.workflows",
+            "tracon_jobs.tenants",
+            "tracon_jobs.webhooks",  # the outbox reaches `runs` through a Protocol of theirs
+            "tracon_jobs.integrations",
+        ),
+    ),
     ("the Python surface", ("tracon_jobs", "tracon_jobs.demo")),  # `tracon_jobs`: its __init__
     ("Celery", ("tracon_jobs.worker",)),
     ("composition root", ("tracon_jobs.runtime",)),

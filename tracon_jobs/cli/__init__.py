@@ -1,5 +1,6 @@
 """The `tracon-jobs` command: `main` parses the command line, runs one command and turns its
-failures into exit codes; the commands live in the modules of this package."""
+failures into exit codes (a stdout closed early among them); the commands live in the modules
+of this package."""
 
 from __future__ import annotations
 
@@ -16,7 +17,27 @@ from tracon_jobs.errors import ConfigurationError
 __all__ = ["main"]
 
 
+EXIT_BROKEN_PIPE = 141
+"""The exit code when the reader of stdout closed it early (`runs show ID | head`): 128 +
+SIGPIPE, what a shell reports for `cat` or `git log` stopped the same way."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command of `argv`; its exit code. A closed stdout ends any command quietly
+    (`EXIT_BROKEN_PIPE`), without the traceback of each `print` that could not be written."""
+    try:
+        try:
+            return run_command(argv)
+        finally:
+            sys.stdout.flush()  # a short output is written here, and may find the pipe closed
+    except BrokenPipeError:
+        # the interpreter flushes stdout once more on its way out: let that write go nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def run_command(argv: Sequence[str] | None) -> int:
     importable_working_directory()
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)

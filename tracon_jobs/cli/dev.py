@@ -28,6 +28,9 @@ DEFAULT_WEB_PORT = 8000
 DEFAULT_FLOWER_PORT = 5555
 DEV_TENANT = "dev"
 """The tenant of the development key (`runs list --tenant dev`)."""
+
+DEMO_QUESTION = "Where is order A-1001?"
+"""What the banner's `curl` asks the demo agent (another agent is greeted)."""
 WEB_READY_SECONDS = 60.0
 """How long dev waits for the web port to accept connections before giving up."""
 
@@ -211,6 +214,7 @@ def _print_welcome(
     key: str, redis_line: str, web_port: int, flower_port: int, settings: Settings
 ) -> None:
     agent = next(iter(settings.agents), "demo")
+    message = DEMO_QUESTION if agent == "demo" else "Hello!"
     web = f"http://{HOST}:{web_port}"
     print(
         f"""
@@ -222,7 +226,7 @@ def _print_welcome(
   Try:
     curl -N -X POST {web}/api/agents/{agent}/run \\
       -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\
-      -d '{{"message": "Where is order A-1001?"}}'
+      -d '{{"message": "{message}"}}'
     {runnable_command()} runs list --tenant {DEV_TENANT}
 """,
         flush=True,

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.cli.context import CommandError, load_runtime
+from tracon_jobs.cli.output import cost_text, json_text
 from tracon_jobs.drain_file import clear_web_drain, drain_file, start_web_drain
 from tracon_jobs.resilience.views import circuits_view
 
@@ -139,12 +141,13 @@ def cmd_tenants_quota(args: argparse.Namespace, rest: list[str]) -> int:
     usage = quotas.usage(tenant_id)
     source = "own" if quotas.has_own(tenant_id) else "default"
     currency = runtime.settings.pricing.currency
-    limit_text = "none" if usage.quota.limit is None else f"{usage.quota.limit} {currency}"
+    limit = usage.quota.limit
+    limit_text = "none" if limit is None else cost_text(limit, currency)
     left = usage.left
     print(
         f"tenant '{args.tenant}' quota ({source}): {limit_text} per {usage.quota.period}; "
-        f"used {usage.used:.6f} {currency}"
-        + ("" if left is None else f", left {left:.6f} {currency}")
+        f"used {cost_text(usage.used, currency)}"
+        + ("" if left is None else f", left {cost_text(left, currency)}")
         + f"; resets at {usage.window.end:%Y-%m-%dT%H:%M:%SZ}"
     )
     return 0
@@ -190,7 +193,9 @@ def cmd_keys_create(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-KEY_HEADER = f"{'KEY':<18} {'TENANT':<20} {'CREATED':<20} {'LAST USED':<20} REVOKED"
+KEY_HEADER = (
+    f"{'KEY':<18} {'TENANT':<20} {'CREATED':<17} {'LAST USED':<17} {'REVOKED':<17} TENANT ID"
+)
 
 
 def cmd_keys_list(args: argparse.Namespace, rest: list[str]) -> int:
@@ -198,9 +203,10 @@ def cmd_keys_list(args: argparse.Namespace, rest: list[str]) -> int:
     tenant_id = _tenant(runtime, args.tenant) if args.tenant else None
     print(KEY_HEADER)
     for key in runtime.tenants.keys(tenant_id):
+        name = runtime.tenants.name_of(key.tenant_id) or "-"  # read once per tenant
         print(
-            f"{key.id:<18} {key.tenant_id[:20]:<20} {_minute(key.created_at):<20} "
-            f"{_minute(key.last_used_at):<20} {_minute(key.revoked_at)}"
+            f"{key.id:<18} {name:<20} {_minute(key.created_at):<17} "
+            f"{_minute(key.last_used_at):<17} {_minute(key.revoked_at):<17} {key.tenant_id}"
         )
     return 0
 
@@ -230,15 +236,15 @@ def run_status(raw: str) -> str:
 
 
 RUN_HEADER = (
-    f"{'id':<36}  {'status':<9}  {'agent':<16}  {'tokens':>8}  {'cost':>12}  {'created':<19}  error"
+    f"{'id':<36}  {'status':<9}  {'agent':<16}  {'tokens':>8}  {'cost':>16}  {'created':<19}  error"
 )
 
 
 def _run_line(run: Run) -> str:
     tokens = (run.input_tokens or 0) + (run.output_tokens or 0)
-    cost = f"{float(run.cost_amount or 0):.4f} {run.cost_currency}"
+    cost = cost_text(run.cost_amount or 0, run.cost_currency)
     return (
-        f"{run.id:<36}  {run.status:<9}  {run.agent:<16}  {tokens:>8}  {cost:>12}  "
+        f"{run.id:<36}  {run.status:<9}  {run.agent:<16}  {tokens:>8}  {cost:>16}  "
         f"{run.created_at:%Y-%m-%d %H:%M:%S}  {run.error_type or ''}"
     ).rstrip()
 
@@ -303,6 +309,47 @@ def cmd_workflows_resume(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def cmd_workflows_respond(args: argparse.Namespace, rest: list[str]) -> int:
+    """What `POST /api/workflows/runs/{id}/respond` does under `Prefer: respond-async`: the
+    same run lookup, the same store call and its conflicts, a continuation a job owns."""
+    from tracon_jobs.workflows.store import RequestConflict
+
+    answer = _answer(args)
+    runtime = load_runtime()
+    run = _run(runtime, args.run_id, args.tenant)
+    if run.kind != "workflow":
+        raise CommandError(f"run '{args.run_id}' is not a workflow run")
+    try:
+        continuation = runtime.workflow_resumes.respond(run, answer, resumable=True)
+    except RequestConflict as conflict:
+        status = "" if run.status == "Waiting" else f" (it is {run.status})"
+        raise CommandError(f"{conflict}{status}") from None
+    print(continuation.id)
+    return 0
+
+
+def _answer(args: argparse.Namespace) -> Any:
+    """The answer: the JSON of `--answer`, or of the file `--file` names (`-`: stdin)."""
+    if args.answer is not None:
+        text, source = args.answer, "--answer"
+    elif args.file == "-":
+        text, source = sys.stdin.read(), "--file - (stdin)"
+    else:
+        try:
+            with open(args.file, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise CommandError(f"--file: cannot read {args.file}: {exc.strerror}") from None
+        source = f"--file {args.file}"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(
+            f"{source} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+            "a text answer is quoted: '\"yes\"'"
+        ) from None
+
+
 def cmd_runs_show(args: argparse.Namespace, rest: list[str]) -> int:
     from tracon_jobs.runs.ledger import Ledger
     from tracon_jobs.runs.views import run_json, tool_call_json
@@ -312,7 +359,7 @@ def cmd_runs_show(args: argparse.Namespace, rest: list[str]) -> int:
     body = run_json(run)
     body["events"] = [event.as_json() for event in runtime.runs.events(run.id)]
     body["toolCalls"] = [tool_call_json(call) for call in Ledger(runtime.runs).calls(run.id)]
-    print(json.dumps(body, indent=2, default=str))
+    print(json_text(body))
     return 0
 
 
@@ -346,7 +393,7 @@ def cmd_runs_tail(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _event_line(event: Event) -> str:
     body = event.as_json()
-    data = json.dumps(body.get("data") or {}, separators=(",", ":"), default=str)
+    data = json_text(body.get("data") or {}, indent=None)
     return f"{event.seq:>4}  {body['at']}  {event.type:<26}  {data}"
 
 
@@ -433,5 +480,5 @@ def cmd_approvals_decide(args: argparse.Namespace, rest: list[str]) -> int:
         raise CommandError(f"no approval '{args.approval_id}' of tenant '{args.tenant}'") from None
     except ApprovalConflict as conflict:
         raise CommandError(f"approval '{args.approval_id}' cannot be decided: {conflict}") from None
-    print(json.dumps(approval_json(decided.approval), indent=2, default=str))
+    print(json_text(approval_json(decided.approval)))
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from typing import Any
 
 from tracon_jobs import __version__
 from tracon_jobs.cli.dev import DEFAULT_FLOWER_PORT, DEFAULT_WEB_PORT, cmd_dev, port_number
@@ -27,6 +28,7 @@ from tracon_jobs.cli.operations import (
     cmd_tenants_quota,
     cmd_tenants_weight,
     cmd_workflows_list,
+    cmd_workflows_respond,
     cmd_workflows_resume,
     cmd_workflows_runs,
     cost_limit,
@@ -35,6 +37,18 @@ from tracon_jobs.cli.operations import (
     weight_value,
 )
 from tracon_jobs.cli.processes import cmd_beat, cmd_flower, cmd_migrate, cmd_web, cmd_worker
+from tracon_jobs.cli.webhooks import (
+    cmd_webhooks_create,
+    cmd_webhooks_delete,
+    cmd_webhooks_deliveries,
+    cmd_webhooks_list,
+    cmd_webhooks_redeliver,
+    cmd_webhooks_rotate_secret,
+    cmd_webhooks_show,
+    cmd_webhooks_update,
+    grace_seconds,
+)
+from tracon_jobs.webhooks.endpoints import DELIVERY_STATUSES
 
 DESCRIPTION = (
     "The `tracon-jobs` command: one entry point for every process and operator task. "
@@ -71,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_idempotency_commands(command)
     add_approval_commands(command)
     add_workflow_commands(command)
+    add_webhook_commands(command)
     return parser
 
 
@@ -279,9 +294,14 @@ def add_approval_commands(command: Command) -> None:
 
 
 def add_workflow_commands(command: Command) -> None:
-    """`workflows list`, `workflows runs --tenant T [--status S]` and
+    """`workflows list`, `workflows runs --tenant T [--status S]`,
+    `workflows respond RUN_ID --tenant T (--answer JSON | --file F)` and
     `workflows resume RUN_ID --tenant T`."""
-    group = command("workflows", None, "list workflows and their runs; resume a failed run")
+    group = command(
+        "workflows",
+        None,
+        "list workflows and their runs; answer a waiting one; resume a failed one",
+    )
     wsub = group.add_subparsers(metavar="action")
     wlist = wsub.add_parser(
         "list",
@@ -299,6 +319,25 @@ def add_workflow_commands(command: Command) -> None:
     wruns.add_argument("--status", type=run_status, help="only runs in this status (any case)")
     wruns.add_argument("--limit", type=int, default=20, help="most runs listed (default 20)")
     wruns.set_defaults(handler=cmd_workflows_runs, passthrough=False)
+    respond = wsub.add_parser(
+        "respond",
+        help="answer the question a Waiting workflow run asks",
+        description="Answer the question a Waiting workflow run asks (ctx.ask), as POST "
+        "/api/workflows/runs/{id}/respond does: the run is closed Completed and a new run "
+        "continues the chain, its ask returning the answer; prints the new run's id.",
+    )
+    respond.add_argument("run_id", help="the Waiting workflow run")
+    respond.add_argument("--tenant", required=True, help="tenant name or id")
+    answer = respond.add_mutually_exclusive_group(required=True)
+    answer.add_argument(
+        "--answer",
+        metavar="JSON",
+        help='the answer as JSON (the respond body\'s `answer`): \'{"text": "ok"}\', \'"yes"\'',
+    )
+    answer.add_argument(
+        "--file", metavar="PATH", help="read the answer's JSON from this file (`-`: stdin)"
+    )
+    respond.set_defaults(handler=cmd_workflows_respond, passthrough=False)
     resume = wsub.add_parser(
         "resume",
         help="resume a Failed workflow run from its latest checkpoint",
@@ -333,6 +372,140 @@ def add_idempotency_commands(command: Command) -> None:
     release.add_argument("key", help="the Idempotency-Key value")
     release.add_argument("--tenant", required=True, help="tenant name or id")
     release.set_defaults(handler=cmd_idempotency_release, passthrough=False)
+
+
+def add_webhook_commands(command: Command) -> None:
+    """`webhooks create|list|show|update|delete|rotate-secret|deliveries|redeliver`, each
+    with `--tenant T`."""
+    group = command("webhooks", None, "manage a tenant's webhook endpoints and deliveries")
+    wsub = group.add_subparsers(metavar="action")
+    _webhook_endpoint_commands(wsub)
+    _webhook_secret_and_delivery_commands(wsub)
+
+
+def _webhook_action(
+    wsub: Any, name: str, handler: Handler, help_: str, description: str, *, by_id: bool = True
+) -> argparse.ArgumentParser:
+    """One `webhooks` action, with `--tenant` and (`by_id`) the endpoint's id."""
+    parser: argparse.ArgumentParser = wsub.add_parser(name, help=help_, description=description)
+    parser.add_argument("--tenant", required=True, help="tenant name or id")
+    if by_id:
+        parser.add_argument("endpoint_id", help="the endpoint's id")
+    parser.set_defaults(handler=handler, passthrough=False)
+    return parser
+
+
+def _webhook_endpoint_commands(wsub: Any) -> None:
+    """`create`, `list`, `show`, `update`, `delete`."""
+    create = _webhook_action(
+        wsub,
+        "create",
+        cmd_webhooks_create,
+        "create an endpoint and print its secret once",
+        "Create a webhook endpoint of the tenant for the event types given with --event; "
+        "prints its id and its signing secret (shown once).",
+        by_id=False,
+    )
+    create.add_argument("url", help="where the events are POSTed (https unless Webhooks.AllowHttp)")
+    _endpoint_fields(create, required=True)
+    listed = _webhook_action(
+        wsub,
+        "list",
+        cmd_webhooks_list,
+        "list the tenant's endpoints",
+        "List the tenant's endpoints, newest first: id, enabled or disabled, creation, URL and "
+        "event types.",
+        by_id=False,
+    )
+    listed.add_argument("--limit", type=int, default=50, help="most endpoints listed (default 50)")
+    _webhook_action(
+        wsub,
+        "show",
+        cmd_webhooks_show,
+        "show one endpoint as JSON",
+        "Print one endpoint as JSON, as GET /api/webhooks/{id} shows it (never its secret).",
+    )
+    update = _webhook_action(
+        wsub,
+        "update",
+        cmd_webhooks_update,
+        "change an endpoint's URL, events, description, or enable or disable it",
+        "Change what is given; prints the endpoint as JSON. --enable on a disabled endpoint "
+        "clears why and since when it was disabled and failing.",
+    )
+    update.add_argument("--url", help="the new URL")
+    _endpoint_fields(update, required=False)
+    state = update.add_mutually_exclusive_group()
+    state.add_argument(
+        "--enable", dest="enabled", action="store_true", default=None, help="deliver to it again"
+    )
+    state.add_argument(
+        "--disable", dest="enabled", action="store_false", help="stop delivering to it"
+    )
+    _webhook_action(
+        wsub,
+        "delete",
+        cmd_webhooks_delete,
+        "delete an endpoint",
+        "Delete an endpoint; its pending deliveries are canceled, its history stays in the "
+        "database.",
+    )
+
+
+def _webhook_secret_and_delivery_commands(wsub: Any) -> None:
+    """`rotate-secret`, `deliveries`, `redeliver`."""
+    rotate = _webhook_action(
+        wsub,
+        "rotate-secret",
+        cmd_webhooks_rotate_secret,
+        "give an endpoint a new secret, printed once",
+        "Give the endpoint a new signing secret (printed once); the previous one signs beside "
+        "it for the grace period, so receivers can move over.",
+    )
+    rotate.add_argument(
+        "--grace",
+        type=grace_seconds,
+        metavar="SECONDS",
+        help="how long the previous secret still signs (default Webhooks.RotationGrace)",
+    )
+    deliveries = _webhook_action(
+        wsub,
+        "deliveries",
+        cmd_webhooks_deliveries,
+        "list an endpoint's deliveries and their attempts",
+        "List the endpoint's deliveries, newest first, each followed by its attempts (time, "
+        "HTTP status, latency, error).",
+    )
+    deliveries.add_argument("--status", choices=list(DELIVERY_STATUSES), help="only these")
+    deliveries.add_argument(
+        "--limit", type=int, default=20, help="most deliveries listed (default 20)"
+    )
+    redeliver = _webhook_action(
+        wsub,
+        "redeliver",
+        cmd_webhooks_redeliver,
+        "send a delivery again",
+        "Make a delivery pending again and due now, whatever its status (the same webhook-id "
+        "and body).",
+    )
+    redeliver.add_argument("delivery_id", help="the delivery's id")
+
+
+def _endpoint_fields(parser: argparse.ArgumentParser, required: bool) -> None:
+    """`--event` (repeated) and `--description`, of `create` and `update`."""
+    parser.add_argument(
+        "--event",
+        dest="events",
+        action="append",
+        required=required,
+        metavar="TYPE",
+        help="an event type to receive (repeat for each: run.completed, approval.requested, ...)"
+        + ("" if required else "; the list given replaces the endpoint's"),
+    )
+    parser.add_argument(
+        "--description",
+        help="a note about the endpoint" + ("" if required else " (an empty one removes it)"),
+    )
 
 
 def _group_help(group: argparse.ArgumentParser) -> Handler:

@@ -15,9 +15,8 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.util import import_app
 
-from tracon_jobs.cli.context import VAR, ensure_database_dir, load_runtime, safe_url
+from tracon_jobs.cli.context import VAR, load_runtime, safe_url
 from tracon_jobs.drain_file import clear_web_drain, start_web_drain
-from tracon_jobs.settings import load_settings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,12 +32,17 @@ WEB_APP = "web:create_app()"
 
 
 def cmd_migrate(args: argparse.Namespace, rest: list[str]) -> int:
+    """Upgrade the database of a configuration every other command would accept: the
+    runtime is built first (tool and workflow modules imported, agents' tools, secrets read
+    at startup), so a configuration the processes will refuse is refused here, not after a
+    deploy's migration has run. Building it connects to neither Redis nor the database."""
     from tracon_jobs.db.migrate import upgrade
 
-    settings = load_settings()
-    ensure_database_dir(settings.database.url)
-    upgrade(settings.database.url)
-    print(f"database migrated: {safe_url(settings.database.url)}")
+    runtime = load_runtime()
+    runtime.close()
+    url = runtime.settings.database.url
+    upgrade(url)
+    print(f"database migrated: {safe_url(url)}")
     return 0
 
 

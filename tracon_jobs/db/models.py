@@ -243,3 +243,103 @@ class TenantQuotaOverride(Base):
     period: Mapped[str] = mapped_column(String(10))  # day | month
     cost_limit: Mapped[float | None] = mapped_column(Numeric(18, 8))
     updated_at: Mapped[datetime]
+
+
+class WebhookEndpoint(Base):
+    """Where a tenant wants its events sent. The secret signs every delivery (Standard
+    Webhooks); during a rotation's grace period the previous one signs beside it."""
+
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (Index("ix_webhook_endpoints_tenant", "tenant_id", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    url: Mapped[str] = mapped_column(String(2000))
+    events: Mapped[list[Any]]  # the event types it receives
+    description: Mapped[str | None] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(String(100))
+    previous_secret: Mapped[str | None] = mapped_column(String(100))
+    previous_secret_until: Mapped[datetime | None]
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    disabled_at: Mapped[datetime | None]
+    disabled_reason: Mapped[str | None] = mapped_column(String(200))
+    failing_since: Mapped[datetime | None]  # the first failed attempt since the last success
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class WebhookMessage(Base):
+    """The outbox: one event to tell, written in the transaction of the state change that
+    causes it (or, for Redis-held state, moved here from the script that changed it).
+
+    `body` is rendered once, as the message is fanned out to its deliveries, so that every
+    attempt and every redelivery sends the same bytes under the same `webhook-id` (`id`)."""
+
+    __tablename__ = "webhook_messages"
+    __table_args__ = (Index("ix_webhook_messages_fanned", "fanned_at", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # msg_<26 sortable chars>
+    tenant_id: Mapped[str | None] = mapped_column(ID)  # None: an operator event
+    type: Mapped[str] = mapped_column(String(60))
+    subject_id: Mapped[str | None] = mapped_column(String(200))  # the run, approval, provider
+    data: Mapped[dict[str, Any]]  # what the writer knew; the body is rendered from it
+    dedupe_key: Mapped[str | None] = mapped_column(String(300), unique=True)
+    created_at: Mapped[datetime]
+    body: Mapped[str | None] = mapped_column(Text)
+    fanned_at: Mapped[datetime | None]
+    claim_until: Mapped[datetime | None]  # a fan-out in progress
+
+
+class WebhookDelivery(Base):
+    """One message to one target: an endpoint's id, `operator` or `slack`. Claimed by one
+    worker at a time (`claim_until`); `pending` until a 2xx (`delivered`), the end of the
+    retry schedule (`failed`) or the endpoint's removal (`canceled`)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("message_id", "target", name="uq_webhook_deliveries_message_target"),
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_target", "target", "created_at", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    message_id: Mapped[str] = mapped_column(ForeignKey("webhook_messages.id"))
+    target: Mapped[str] = mapped_column(String(36))
+    tenant_id: Mapped[str | None] = mapped_column(ID)
+    status: Mapped[str] = mapped_column(String(20))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    claim_until: Mapped[datetime | None]
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]
+
+
+class WebhookAttempt(Base):
+    """One try of a delivery: when, the answer's status, how long it took, what went wrong
+    and the start of the answer's body (truncated)."""
+
+    __tablename__ = "webhook_attempts"
+    __table_args__ = (Index("ix_webhook_attempts_delivery", "delivery_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(ForeignKey("webhook_deliveries.id"))
+    attempted_at: Mapped[datetime]
+    status: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    response: Mapped[str | None] = mapped_column(Text)
+
+
+class SlackMessage(Base):
+    """The Slack message that asked for an approval, so its outcome can be written into it."""
+
+    __tablename__ = "slack_messages"
+
+    approval_id: Mapped[str] = mapped_column(ForeignKey("approvals.id"), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(100))
+    ts: Mapped[str] = mapped_column(String(40))
+    posted_at: Mapped[datetime]
+    updated_status: Mapped[str | None] = mapped_column(String(20))  # the outcome written in it

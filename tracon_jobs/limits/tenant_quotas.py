@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from sqlalchemy import delete, func, select
 
+from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, PRIORITIES
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, TenantQuotaOverride
 from tracon_jobs.limits.budget_store import QUOTA_EXCEEDED, Refusal
@@ -198,6 +199,37 @@ class TenantQuota:
 
     def spent(self, amount: Decimal) -> None:
         self.quotas.spent(self.tenant_id, amount)
+
+
+PRIORITY_RANGE: dict[str, int] = {
+    "default": DEFAULT_PRIORITY,
+    "min": min(PRIORITIES),
+    "max": max(PRIORITIES),
+}
+"""The priorities a run may ask for (higher first within its tenant's line)."""
+
+
+def quota_json(
+    usage: QuotaUsage, currency: str, max_concurrent_runs: int | None, weight: int
+) -> dict[str, Any]:
+    """The tenant's quota as `GET /api/quota` shows it, and as `quota.exceeded` tells it: the
+    limit and the spend of the current period, the concurrency limit, the weight in fair
+    dispatch and the priorities its runs may ask for."""
+    return {
+        "period": usage.quota.period,
+        "limit": _amount(usage.quota.limit),
+        "used": _amount(usage.used),
+        "left": _amount(usage.left),
+        "resetsAt": f"{usage.window.end:%Y-%m-%dT%H:%M:%SZ}",
+        "currency": currency,
+        "maxConcurrentRuns": max_concurrent_runs,
+        "weight": weight,
+        "priority": dict(PRIORITY_RANGE),
+    }
+
+
+def _amount(value: Decimal | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def spent_in(db: Database, tenant_id: str, window: Window) -> Decimal:

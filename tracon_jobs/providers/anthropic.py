@@ -9,7 +9,10 @@ chain can replay them; they are translated here, each way, on every call:
   consecutive messages of one role are one turn, as the API requires;
 - function tools become `{name, description, input_schema}`;
 - `MaxOutputTokens` is `max_tokens`, which the API requires: unset, it is 4,096
-  (`DEFAULT_MAX_TOKENS`); a `json_schema` response format is `output_config.format`;
+  (`DEFAULT_MAX_TOKENS`); a `json_schema` response format is `output_config.format`; `stop`
+  is `stop_sequences`; an option the API has no counterpart of (a seed, a penalty, a logit
+  bias, a reasoning effort: `capabilities.ANTHROPIC_HAS_NONE`) is refused unless it asks for
+  nothing, never dropped;
 - the answer's `text` blocks are the reply's text, its `tool_use` blocks the tool calls (each
   `input` as JSON text), the prompt cache's tokens count as input (read and written, each
   priced at its own rate when `Pricing` gives one), and a `refusal` stop is a blocked answer
@@ -38,7 +41,11 @@ from tracon_jobs.providers.base import (
     ToolCall,
     Usage,
 )
-from tracon_jobs.providers.capabilities import anthropic_response_format_rule
+from tracon_jobs.providers.capabilities import (
+    ANTHROPIC_HAS_NONE,
+    anthropic_option_rule,
+    anthropic_response_format_rule,
+)
 from tracon_jobs.providers.sdk import SdkProvider
 from tracon_jobs.providers.wire import (
     count,
@@ -243,15 +250,24 @@ def message_arguments(request: ModelRequest) -> dict[str, Any]:
         "max_tokens": request.max_output_tokens or DEFAULT_MAX_TOKENS,
         "messages": turns,
     }
+    _refuse_what_it_has_none_of(request)
     optional = {
         "system": "\n\n".join(part for part in system if part) or None,
         "tools": [_tool(spec) for spec in request.tools] or None,
         "temperature": request.temperature,
         "top_p": request.top_p,
+        "stop_sequences": request.stop or None,
         "output_config": _output_config(request.response_format),
     }
     arguments.update({key: value for key, value in optional.items() if value is not None})
     return arguments
+
+
+def _refuse_what_it_has_none_of(request: ModelRequest) -> None:
+    for option in ("stop", *ANTHROPIC_HAS_NONE):
+        rule = anthropic_option_rule(option, getattr(request, option))
+        if rule is not None:
+            raise ValueError(rule)
 
 
 def _output_config(response_format: dict[str, Any] | None) -> dict[str, Any] | None:

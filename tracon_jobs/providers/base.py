@@ -55,6 +55,15 @@ class ModelRequest:
     top_p: float | None = None
     max_output_tokens: int | None = None
     response_format: dict[str, Any] | None = None
+    # a run's own options (`runs.request_options`): None, or for `stop` and `logit_bias` empty,
+    # asks for nothing; a provider that cannot honour one that asks for something refuses it
+    stop: list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, int] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
 
 
 @dataclass(frozen=True)

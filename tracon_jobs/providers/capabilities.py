@@ -39,3 +39,52 @@ def anthropic_temperature_rule(temperature: float | None) -> str | None:
             f"{ANTHROPIC_MAX_TEMPERATURE:g} (got {temperature:g})"
         )
     return None
+
+
+ANTHROPIC_HAS_NONE = (
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "reasoning_effort",
+    "verbosity",
+)
+"""Options of chat completions the Messages API has no counterpart of (its extended thinking
+is a token budget, not an effort): a value that asks for something is refused."""
+
+
+def anthropic_option_rule(option: str, value: Any) -> str | None:
+    """Why the Messages API cannot honour a model call's `option` (a `ModelRequest` field,
+    named as chat completions name it) set to `value`, or None when it can."""
+    if option == "temperature":
+        return anthropic_temperature_rule(value)
+    if option == "response_format":
+        return anthropic_response_format_rule(value)
+    if option == "stop":
+        return anthropic_stop_rule(value)
+    if option in ANTHROPIC_HAS_NONE and asks_for_something(option, value):
+        return f"an anthropic provider takes no {option} (the Messages API has none)"
+    return None
+
+
+def asks_for_something(option: str, value: Any) -> bool:
+    """Whether an option's value changes a model call: unset never does, nor a penalty of 0
+    or an empty bias; any seed does, 0 included."""
+    if value is None:
+        return False
+    if option == "logit_bias":
+        return bool(value)
+    if option in ("presence_penalty", "frequency_penalty"):
+        return bool(value != 0)
+    return True
+
+
+def anthropic_stop_rule(stop: list[str] | None) -> str | None:
+    """The Messages API refuses a stop sequence of whitespace only (`stop_sequences`)."""
+    for sequence in stop or []:
+        if not sequence.strip():
+            return (
+                "an anthropic provider takes stop sequences with a character other than "
+                f"whitespace (got {sequence!r})"
+            )
+    return None

@@ -188,7 +188,8 @@ def completion_arguments(request: ModelRequest) -> dict[str, Any]:
     """The chat completion's JSON body, leaving out what the request does not set.
 
     Unset options are omitted rather than sent as null, because several compatible servers
-    reject nulls; `max_tokens` is used over `max_completion_tokens` because more servers know it.
+    reject nulls, and so are an empty `stop` and `logit_bias`; `max_tokens` is used over
+    `max_completion_tokens` because more servers know it.
     """
     arguments: dict[str, Any] = {"model": request.model, "messages": request.messages}
     optional = {
@@ -197,6 +198,13 @@ def completion_arguments(request: ModelRequest) -> dict[str, Any]:
         "top_p": request.top_p,
         "max_tokens": request.max_output_tokens,
         "response_format": request.response_format,
+        "stop": request.stop or None,
+        "seed": request.seed,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "logit_bias": request.logit_bias or None,
+        "reasoning_effort": request.reasoning_effort,
+        "verbosity": request.verbosity,
     }
     arguments.update({key: value for key, value in optional.items() if value is not None})
     return arguments

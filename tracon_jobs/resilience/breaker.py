@@ -212,11 +212,17 @@ class MemoryBreakerStore:
 
 
 class RedisBreakerStore:
-    """Circuits in Redis, changed only by Lua scripts that read Redis server time."""
+    """Circuits in Redis, changed only by Lua scripts that read Redis server time.
 
-    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+    With `transitions` (a list's key), the script that moves a circuit also pushes the move
+    onto that list, atomically with it (`webhooks.circuits` turns them into messages)."""
+
+    def __init__(
+        self, client: redis.Redis, prefix: str = "tracon", *, transitions: str | None = None
+    ) -> None:
         self.client = client
         self.prefix = prefix
+        self.transitions = transitions
         self.scripts = Scripts(client)
 
     def keys(self, provider: str) -> list[str]:
@@ -246,11 +252,12 @@ class RedisBreakerStore:
         outcome: Outcome,
         retry_after_ms: int = 0,
     ) -> Transition:
-        reply = self.scripts(
-            "breaker_record",
-            self.keys(provider),
-            [outcome, token, policy.threshold, policy.break_ms, retry_after_ms],
-        )
+        keys = self.keys(provider)
+        args: list[str | int] = [outcome, token, policy.threshold, policy.break_ms, retry_after_ms]
+        if self.transitions is not None:
+            keys.append(self.transitions)
+            args.append(provider)
+        reply = self.scripts("breaker_record", keys, args)
         before, after, failures, open_until = reply
         return Transition(_state(before), _state(after), int(failures), int(open_until))
 
@@ -321,11 +328,13 @@ class CircuitBreaker:
         *,
         enabled: bool = True,
         on_store_unavailable: str = "allow",
+        on_transition: Callable[[str, Transition], None] | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
         self.enabled = enabled
         self.reject_without_store = on_store_unavailable == "reject"
+        self.on_transition = on_transition  # told of each move a record made (after it)
 
     def admit(self, provider: str) -> Ticket:
         """A ticket for the link's loop, or ProviderUnavailableError while open."""
@@ -416,6 +425,8 @@ class CircuitBreaker:
             return None
         log.warning("circuit %s: %s -> %s", ticket.provider, change.before, change.after)
         metrics.circuit_transition(ticket.provider, change.before, change.after)
+        if self.on_transition is not None:
+            self.on_transition(ticket.provider, change)
         return change
 
     def _without_store(self, provider: str, token: str, exc: Exception) -> Ticket:

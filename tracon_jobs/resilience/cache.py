@@ -34,7 +34,7 @@ class ResponseCache(Protocol):
 
 def request_key(provider: str, request: ModelRequest) -> str:
     """The hash of everything that decides the answer."""
-    shape = {
+    shape: dict[str, Any] = {
         "provider": provider,
         "model": request.model,
         "messages": request.messages,
@@ -44,6 +44,17 @@ def request_key(provider: str, request: ModelRequest) -> str:
         "maxOutputTokens": request.max_output_tokens,
         "responseFormat": request.response_format,
     }
+    # a run's own options, each only when set: a request without them keeps its key
+    own = {
+        "stop": request.stop or None,
+        "seed": request.seed,
+        "presencePenalty": request.presence_penalty,
+        "frequencyPenalty": request.frequency_penalty,
+        "logitBias": request.logit_bias or None,
+        "reasoningEffort": request.reasoning_effort,
+        "verbosity": request.verbosity,
+    }
+    shape.update({name: value for name, value in own.items() if value is not None})
     canonical = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

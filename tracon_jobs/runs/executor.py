@@ -98,6 +98,7 @@ from tracon_jobs.runs.kinds import KindRunner
 from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import AnyClaim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.live import CANCELED, LiveRuns
+from tracon_jobs.runs.request_options import call_options, with_run_options
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore, TurnSpend
 from tracon_jobs.runs.subagents import SubAgents, agent_tool_schema
@@ -371,9 +372,10 @@ class RunExecutor:
     def _prepare(
         self, claim: AnyClaim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
     ) -> Execution:
-        agent = self.settings.agents.get(run.agent)
-        if agent is None:
+        configured = self.settings.agents.get(run.agent)
+        if configured is None:
             raise config_failure(f"agent '{run.agent}' is not configured")
+        agent = with_run_options(configured, run.input)  # a /v1 request's temperature, ...
         tools = self._resolve_tools(agent)
         first_call = 0 if claim.fence == 1 else self.ledger.next_turn(run.id)
         try:
@@ -588,6 +590,7 @@ class RunExecutor:
             top_p=binding.top_p,
             max_output_tokens=binding.max_output_tokens,
             response_format=binding.response_format,
+            **call_options(ex.run.input),  # a /v1 request's stop, seed, ...
         )
         try:
             reserved, cap = self._budget_for_model_call(ex, link, messages)  # with admission
@@ -633,7 +636,7 @@ class RunExecutor:
                         writer.withdraw()
                     if exc.status == 429:  # the provider's word: no call of it before then
                         self.rate_limits.learn(link.provider_name, link.model, exc.retry_after)
-                    raise self._model_call_failed(ex, link, ticket, exc) from exc
+                    raise self._model_call_failed(ex, link, ticket, exc, started=True) from exc
                 except BaseException:
                     if writer is not None:
                         writer.withdraw()
@@ -710,10 +713,21 @@ class RunExecutor:
         return gate.reserved, gate.output_cap
 
     def _model_call_failed(
-        self, ex: Execution, link: Link, ticket: Ticket, exc: ProviderError
+        self,
+        ex: Execution,
+        link: Link,
+        ticket: Ticket,
+        exc: ProviderError,
+        *,
+        started: bool = False,
     ) -> Exception:
+        """What stops the link (or the run) after a failed call; `started`: its
+        `ModelCallStarted` is written, so its followers must see it end."""
         if exc.kind == "cancelled" and ex.signal.aborted:
-            return stopped(ex.signal)
+            reason = stopped(ex.signal)
+            if started and isinstance(reason, RunCanceled):  # taken away: not ours to write
+                self._model_call_canceled(ex, link, reason)
+            return reason
         verdict = classify(exc)
         data = {
             **link.label(),
@@ -727,6 +741,17 @@ class RunExecutor:
             change = self.breaker.failure(ticket, exc.retry_after)
             self._report_circuit(ex, link.provider_name, change)
         return LinkFailed(exc, verdict.transient)
+
+    def _model_call_canceled(self, ex: Execution, link: Link, reason: RunCanceled) -> None:
+        """The call's end, before the run's `RunCanceled`: the cancel cut it."""
+        data = {
+            **link.label(),
+            "status": None,
+            "kind": "canceled",
+            "message": str(reason),
+            "counted": False,
+        }
+        self.runs.append(ex.claim, "ModelCallFailed", data)
 
     def _record_spend(
         self,

@@ -265,3 +265,45 @@ CURRENCY: Final = "USD"
 
 CONFIG_FILE: Final = "tracon.json"
 """Configuration file read from the working directory when `TRACON_CONFIG` names none."""
+
+# --- Webhooks and integrations (tracon-jobs additions) -------------------------------------
+
+WEBHOOK_BACKOFF: Final = (
+    timedelta(seconds=5),
+    timedelta(minutes=5),
+    timedelta(minutes=30),
+    timedelta(hours=2),
+    timedelta(hours=5),
+    timedelta(hours=10),
+    timedelta(hours=10),
+)
+"""The waits before each retry of a failed delivery, the Standard Webhooks schedule: eight
+attempts over about 28 hours; after the last one the delivery is `failed` (it can be redelivered
+by hand)."""
+
+WEBHOOK_DISABLE_AFTER: Final = timedelta(days=5)
+"""An endpoint whose every attempt failed for this long is disabled (`webhook.disabled`): a
+receiver gone for days should stop costing attempts, and its owner should hear of it."""
+
+WEBHOOK_TIMEOUT: Final = timedelta(seconds=10)
+"""One attempt's time to connect, send and read the answer's status; a receiver is expected to
+answer at once and do its work later."""
+
+WEBHOOK_ROTATION_GRACE: Final = timedelta(hours=24)
+"""How long the previous secret keeps signing beside the new one after a rotation, so that
+receivers can move to the new secret without dropping a delivery."""
+
+WEBHOOK_POLL_INTERVAL: Final = timedelta(seconds=1)
+"""How often a worker looks for due deliveries when nothing woke it; a new event wakes the
+workers at once, so this bounds only retries' lateness and a missed wake-up."""
+
+WEBHOOK_CONCURRENCY: Final = 4
+"""Deliveries one worker process sends at once; a slow receiver holds one of them for at most
+`Timeout`."""
+
+WEBHOOK_MAX_RESPONSE_BYTES: Final = 2048
+"""The start of a receiver's answer kept with each attempt, for the deliveries page; the rest
+is never read."""
+
+WEBHOOK_OPERATOR_EVENTS: Final = ("circuit.opened", "circuit.closed", "webhook.disabled")
+"""What the operator's endpoint hears by default: the events of the whole installation."""

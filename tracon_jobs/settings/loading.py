@@ -14,6 +14,7 @@ from typing import Any
 from tracon_jobs import fast_paths
 from tracon_jobs.errors import ConfigurationError
 from tracon_jobs.settings import defaults
+from tracon_jobs.settings.environment import warn_of_unused_variables
 from tracon_jobs.settings.keys import ROOT_KEY, normalize_key
 from tracon_jobs.settings.sections import Settings
 from tracon_jobs.settings.types import EnvText
@@ -38,7 +39,8 @@ def load_settings(
     """Read the file (if any), lay the environment over it, and validate the result.
 
     The file is `config_path`, else `$TRACON_CONFIG`, else `tracon.json` in the working
-    directory when it exists; with none of them the defaults apply.
+    directory when it exists; with none of them the defaults apply. A `TRACON_*` variable
+    that configures nothing is warned of (`environment`).
     """
     environ = os.environ if environ is None else environ
     fast_paths.read(environ)  # a switch that says neither on nor off fails here, named
@@ -46,11 +48,15 @@ def load_settings(
     settings = Settings.from_mapping(apply_environment(data, environ), environment_sources(environ))
     for setting, variable in settings.missing_key_variables(environ):
         # A client built without its key would send a placeholder and fail on every call.
-        raise ConfigurationError(
-            setting,
-            f"names the environment variable {variable}, which is not set "
-            "(set it, empty for a server that needs no key, or remove ApiKeyEnv)",
+        remedy = (
+            "set it, empty for a server that needs no key, or remove ApiKeyEnv"
+            if setting.endswith(".ApiKeyEnv")
+            else "set it, or remove the section that needs it"
         )
+        raise ConfigurationError(
+            setting, f"names the environment variable {variable}, which is not set ({remedy})"
+        )
+    warn_of_unused_variables(environ, settings, ENV_SHORTCUTS)
     return settings
 
 

@@ -59,7 +59,10 @@ when one is close (`did you mean "FailureThreshold"?`).
 `{env_prefix}RUNS__REQUEUEAFTER=00:00:30`. A value that starts with `{{` or `[` is read as JSON
 (`{env_prefix}TOOLMODULES='["myapp.tools"]'`), and `null` as null. Shortcuts:
 {shortcuts};
-the `{env_prefix}…` form wins when both are set.
+the `{env_prefix}…` form wins when both are set. Any other `TRACON_…` variable that no process
+reads ([the others](operations.md#process-settings)) configures nothing: each process warns of it
+once, at startup, with the variable it probably means (`TRACON_CIRCUITBREAKER__FAILURETHRESHOLD`:
+`did you mean {env_prefix}CIRCUITBREAKER__FAILURETHRESHOLD?`).
 
 **Booleans** are JSON `true` or `false` only: `"yes"`, `0` or `"true"` in the file are errors.
 An environment variable, whose value is always text, writes them `true` or `false` (any case).

@@ -358,6 +358,103 @@ class WebSettings(ConfigModel):
     keep_alive: PositiveDuration = defaults.WEB_KEEP_ALIVE
 
 
+class OperatorEndpointSettings(ConfigModel):
+    """The installation's own endpoint: events no tenant owns (circuits), and notices."""
+
+    url: NonEmptyStr = Field(description="Where the operator's events are sent.")
+    secret_env: NonEmptyStr = Field(
+        description="Environment variable holding the endpoint's `whsec_...` secret (read at "
+        "startup; never logged)."
+    )
+    events: list[NonEmptyStr] = Field(
+        list(defaults.WEBHOOK_OPERATOR_EVENTS),
+        description="The event types sent to it: `circuit.opened`, `circuit.closed`, "
+        "`webhook.disabled`, and any tenant event type (every tenant's).",
+    )
+
+
+class WebhooksSettings(ConfigModel):
+    """Signed webhooks (Standard Webhooks): endpoints per tenant (`POST /api/webhooks`), their
+    delivery schedule and the destinations they may have."""
+
+    allow_http: Flag = Field(
+        False, description="Accept `http://` endpoint URLs (only `https://` otherwise)."
+    )
+    allow_private_networks: Flag = Field(
+        False,
+        description="Deliver to private, loopback and link-local addresses (refused otherwise, "
+        "checked after DNS resolution at every attempt).",
+    )
+    backoff: list[PositiveDuration] = Field(
+        list(defaults.WEBHOOK_BACKOFF),
+        description="The waits before each retry of a failed delivery; its length is the "
+        "number of retries (empty: one attempt).",
+    )
+    disable_after: PositiveDuration = defaults.WEBHOOK_DISABLE_AFTER
+    timeout: PositiveDuration = defaults.WEBHOOK_TIMEOUT
+    rotation_grace: PositiveDuration = defaults.WEBHOOK_ROTATION_GRACE
+    poll_interval: PositiveDuration = defaults.WEBHOOK_POLL_INTERVAL
+    concurrency: AtLeastOne = defaults.WEBHOOK_CONCURRENCY
+    max_response_bytes: AtLeastZero = defaults.WEBHOOK_MAX_RESPONSE_BYTES
+    operator: OperatorEndpointSettings | None = Field(
+        None, description="The operator's endpoint (none by default)."
+    )
+
+
+class SlackSettings(ConfigModel):
+    """A Slack app that posts approval requests with Approve / Reject buttons."""
+
+    bot_token_env: NonEmptyStr = Field(
+        description="Environment variable holding the app's bot token (`xoxb-...`)."
+    )
+    signing_secret_env: NonEmptyStr = Field(
+        description="Environment variable holding the app's signing secret, which verifies "
+        "`POST /integrations/slack/interactions`."
+    )
+    channel: NonEmptyStr | None = Field(
+        None, description="The channel of approvals that no agent or tenant entry names."
+    )
+    agent_channels: dict[str, NonEmptyStr] = Field(
+        {}, description="A channel per agent name (before the tenant's and the default)."
+    )
+    tenant_channels: dict[str, NonEmptyStr] = Field(
+        {}, description="A channel per tenant name (before the default)."
+    )
+    users: dict[str, NonEmptyStr] = Field(
+        {},
+        description="The decider recorded for a Slack user id (`U123...`); a user not listed "
+        "is recorded as `slack:<user id>`.",
+    )
+    api_url: NonEmptyStr = Field(
+        "https://slack.com/api/", description="Slack's Web API (tests point it at a local fake)."
+    )
+
+
+class ApprovalLinksSettings(ConfigModel):
+    """One-time links that decide an approval (for email or chat): a signed, expiring URL whose
+    `GET` shows a confirmation page and whose `POST` decides."""
+
+    secret_env: NonEmptyStr = Field(
+        description="Environment variable holding the key that signs the links (at least 32 "
+        "characters)."
+    )
+    public_url: NonEmptyStr = Field(
+        description="The web's address as people reach it (`https://tracon.example.com`), "
+        "which the links start with."
+    )
+
+
+class IntegrationsSettings(ConfigModel):
+    """Where people are told of approvals: Slack, and one-time links (both off by default)."""
+
+    slack: SlackSettings | None = Field(
+        None, description="The Slack app that posts approval requests (none by default)."
+    )
+    approval_links: ApprovalLinksSettings | None = Field(
+        None, description="One-time approval links (none by default)."
+    )
+
+
 class DatabaseSettings(ConfigModel):
     """The SQL database of runs and their records, as a SQLAlchemy URL."""
 
@@ -631,6 +728,8 @@ class Settings(ConfigModel):
     runs: RunsSettings = Field(default_factory=RunsSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    webhooks: WebhooksSettings = Field(default_factory=WebhooksSettings)
+    integrations: IntegrationsSettings = Field(default_factory=IntegrationsSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     providers: dict[str, ProviderSettings] = Field(
@@ -702,3 +801,28 @@ class Settings(ConfigModel):
             variable = provider.api_key_env
             if provider.api_key is None and variable and variable not in environ:
                 yield f"Providers.{name}.ApiKeyEnv", variable
+        for setting, variable in self._secret_variables():
+            if variable not in environ:
+                yield setting, variable
+
+    def named_variables(self) -> Iterator[str]:
+        """Every environment variable a setting names (`ApiKeyEnv`, `SecretEnv`, ...), set or
+        not: each configures something, whatever it is called."""
+        for provider in self.providers.values():
+            if provider.api_key_env:
+                yield provider.api_key_env
+        for _, variable in self._secret_variables():
+            yield variable
+
+    def _secret_variables(self) -> Iterator[tuple[str, str]]:
+        """(setting, variable) of every secret the webhooks and integrations read at startup."""
+        operator = self.webhooks.operator
+        if operator is not None:
+            yield "Webhooks.Operator.SecretEnv", operator.secret_env
+        slack = self.integrations.slack
+        if slack is not None:
+            yield "Integrations.Slack.BotTokenEnv", slack.bot_token_env
+            yield "Integrations.Slack.SigningSecretEnv", slack.signing_secret_env
+        links = self.integrations.approval_links
+        if links is not None:
+            yield "Integrations.ApprovalLinks.SecretEnv", links.secret_env

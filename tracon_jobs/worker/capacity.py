@@ -74,3 +74,14 @@ class WorkerCapacity:
             self.store.leave(self.worker)
         except Exception as exc:  # its registration ends by itself
             log.warning("worker slots not withdrawn from fair dispatch: %s", exc)
+
+
+def start_with_worker(app: Celery, start: Callable[[], None]) -> None:
+    """Call `start` once this app's worker is ready (the webhook deliverer): a process that
+    only sends runs (the web) never starts it."""
+
+    def on_ready(sender: Any = None, **_kwargs: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            start()
+
+    worker_ready.connect(on_ready, weak=False)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from flask import Flask
 
-from web.console import live, views
+from web.console import live, views, webhooks
 from web.console.blueprint import bp
 from web.console.session import init_session
 
-__all__ = ["init_app", "live", "views"]
+__all__ = ["init_app", "live", "views", "webhooks"]
 
 
 def init_app(app: Flask) -> None:

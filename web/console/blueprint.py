@@ -12,6 +12,7 @@ from flask import Blueprint, Response, jsonify, redirect, render_template, reque
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
+from web.console.money import money
 from web.console.session import csrf_ok, csrf_token, signed_in_tenant
 
 bp = Blueprint(
@@ -87,6 +88,9 @@ def duration(ms: float | None) -> str:
     if ms < 60_000:
         return f"{ms / 1000:.1f} s"
     return f"{ms // 60_000:.0f} min {ms % 60_000 / 1000:.0f} s"
+
+
+bp.app_template_filter("money")(money)
 
 
 @bp.app_template_filter("pretty")

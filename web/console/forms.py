@@ -3,8 +3,10 @@ filter shows everything and says so, it never fails."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from flask import request
 
@@ -19,6 +21,8 @@ RUN_STATUSES = [status.value for status in RunStatus]
 APPROVAL_STATUSES = [status.value for status in ApprovalStatus]
 PAGE = 50
 MAX_COMMENT = 2000
+MAX_ANSWER = 65_536
+"""Characters of a workflow answer typed in the console."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,31 @@ def decision_form() -> Decision | None:
         return None
     comment = (request.form.get("comment") or "").strip()[:MAX_COMMENT] or None
     return Decision(choice == "approve", comment)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A workflow answer as typed (`text`): its JSON `value`, or why it is not one."""
+
+    text: str
+    value: Any = None
+    error: str | None = None
+
+
+def answer_form() -> Answer:
+    """The answer to a workflow's `ask`: any JSON, as `POST .../respond` takes it."""
+    text = (request.form.get("answer") or "").strip()
+    if not text:
+        return Answer(text, error='Write an answer: any JSON, such as {"text": "send it"}.')
+    if len(text) > MAX_ANSWER:
+        return Answer(text, error=f"The answer is longer than {MAX_ANSWER:,} characters.")
+    try:
+        return Answer(text, json.loads(text))
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}"
+        return Answer(
+            text, error=f"The answer is not JSON ({exc.msg} at {where}); text goes in quotes."
+        )
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,11 @@ def live_runs() -> Response:
 @bp.get("/console/live/runs/<run_id>")
 def live_run(run_id: str) -> Response:
     run = owned_run(run_id)
-    html = render_template("console/_run_live.html", **run_context(run))
+    context = run_context(run)
+    html = render_template("console/_run_live.html", **context)
     terminal = RunStatus(run.status).is_terminal
-    return jsonify({"status": run.status, "terminal": terminal, "html": html})
+    asks = context["question"] is not None  # the page shows the question once it reloads
+    return jsonify({"status": run.status, "terminal": terminal, "asks": asks, "html": html})
 
 
 @bp.get("/console/live/runs/<run_id>/text")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tracon_jobs.runs.timeline import Bucket, Series, SeriesPoint
+from web.console.money import money
 
 WIDTH, HEIGHT = 420, 210
 LEFT, RIGHT, TOP, BOTTOM = 52, 8, 10, 26
@@ -33,14 +34,10 @@ def _count(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _money(value: float) -> str:
-    return f"{value:.2f}" if value >= 1 or value == 0 else f"{value:.2g}".rstrip("0")
-
-
 METRICS = {
     "runs": Metric("Runs", lambda p: p.runs, _count, whole=True),
     "tokens": Metric("Tokens", lambda p: p.total_tokens, _count, whole=True),
-    "cost": Metric("Cost", lambda p: p.cost, _money, whole=False),
+    "cost": Metric("Cost", lambda p: p.cost, money, whole=False),
 }
 
 

@@ -13,9 +13,12 @@ from datetime import datetime
 from typing import Any
 
 from tracon_jobs.runs.store import Event
+from web.console.money import money
 
 MODEL_ENDS = {"ModelCallCompleted", "ModelCallFailed"}
 TOOL_ENDS = {"ToolCallCompleted", "ToolCallFailed"}
+STOPPED_KINDS = {"canceled", "interrupted"}
+"""The kinds of a `ModelCallFailed` the run's end wrote: the call was cut, it did not fail."""
 
 
 @dataclass
@@ -24,7 +27,7 @@ class Step:
 
     kind: str  # model | tool | event
     title: str
-    state: str  # running | ok | failed | info
+    state: str  # running | ok | failed | stopped (cut by the run's end: see `stopped`) | info
     seq: int
     started: datetime
     ended: datetime | None = None
@@ -32,6 +35,7 @@ class Step:
     note: str = ""  # what a finished model call used, shown beside its title
     details: list[tuple[str, Any]] = field(default_factory=list)
     attempts: int | None = None
+    stopped: str = ""  # what cut a stopped call: canceled, interrupted, no end recorded
 
     def duration_ms(self, now: datetime) -> int:
         return _ms(self.started, self.ended or now)
@@ -58,8 +62,11 @@ class Timeline:
         return min(left, 99.4), min(width, 100 - min(left, 99.4))
 
 
-def build_timeline(events: list[Event], calls: list[dict[str, Any]], live: bool) -> Timeline:
-    """Fold `events` (in seq order) into steps; `calls` are the ledger rows as JSON."""
+def build_timeline(
+    events: list[Event], calls: list[dict[str, Any]], live: bool, currency: str = ""
+) -> Timeline:
+    """Fold `events` (in seq order) into steps; `calls` are the ledger rows as JSON, and
+    `currency` the run's (model calls' costs are written in it)."""
     by_execution = {call["executionId"]: call for call in calls}
     steps: list[Step] = []
     open_models: list[Step] = []
@@ -69,7 +76,7 @@ def build_timeline(events: list[Event], calls: list[dict[str, Any]], live: bool)
             open_models.append(_model_step(event))
             steps.append(open_models[-1])
         elif event.type in MODEL_ENDS:
-            if not _end_model(open_models, event):
+            if not _end_model(open_models, event, currency):
                 steps.append(_event_step(event))
         elif event.type == "ToolCallStarted":
             step = _tool_step(event, by_execution.get(event.data.get("executionId", "")))
@@ -84,7 +91,18 @@ def build_timeline(events: list[Event], calls: list[dict[str, Any]], live: bool)
         else:
             steps.append(_event_step(event))
     end = events[-1].at if events and not live else None
+    if end is not None:
+        for step in [*open_models, *open_tools.values()]:
+            _ended_with_the_run(step, end)
     return Timeline(steps, events[0].at if events else None, end)
+
+
+def _ended_with_the_run(step: Step, end: datetime) -> None:
+    """A call of an ended run that has no end event (written before calls cut by a cancel
+    or a lost process got one): it lasted until the run's last event, and did not succeed."""
+    step.ended = end
+    step.state, step.stopped = "stopped", "no end recorded"
+    step.details.append(("error", "no end was recorded: the run ended while it was going"))
 
 
 def _model_step(event: Event) -> Step:
@@ -99,7 +117,7 @@ def _model_step(event: Event) -> Step:
     )
 
 
-def _end_model(open_models: list[Step], event: Event) -> bool:
+def _end_model(open_models: list[Step], event: Event, currency: str) -> bool:
     """Close the latest open model call of the same provider and model (a failure names no
     turn); False when none is open."""
     wanted = f"{event.data.get('provider', '?')} / {event.data.get('model', '?')}"
@@ -109,29 +127,42 @@ def _end_model(open_models: list[Step], event: Event) -> bool:
             step.ended = event.at
             if event.type == "ModelCallCompleted":
                 step.state = "ok"
-                step.note = _spend(event.data)
-                step.details += _model_answer(event.data)
+                step.note = _spend(event.data, currency)
+                step.details += _model_answer(event.data, currency)
             else:
-                step.state = "failed"
+                kind = event.data.get("kind")
+                step.state = "stopped" if kind in STOPPED_KINDS else "failed"
+                step.stopped = str(kind) if kind in STOPPED_KINDS else ""
                 step.details.append(("error", _without(event.data, "provider", "model")))
             return True
     return False
 
 
-def _model_answer(data: dict[str, Any]) -> list[tuple[str, Any]]:
+def _model_answer(data: dict[str, Any], currency: str) -> list[tuple[str, Any]]:
     details: list[tuple[str, Any]] = [("finish reason", data.get("finishReason"))]
     if data.get("text"):
         details.append(("answer", data["text"]))
     if data.get("toolCalls"):
         details.append(("tool calls requested", data["toolCalls"]))
-    details += [("usage", data.get("usage")), ("cost", data.get("cost"))]
+    details += [("usage", data.get("usage")), ("cost", _cost(data, currency))]
     return [(label, value) for label, value in details if value is not None]
 
 
-def _spend(data: dict[str, Any]) -> str:
+def _cost(data: dict[str, Any], currency: str) -> str | None:
+    """The call's cost as every page writes money, with where its price came from."""
+    cost = data.get("cost") or {}
+    if "amount" not in cost:
+        return None
+    source = f" ({cost['source']})" if cost.get("source") else ""
+    return f"{money(cost['amount'])} {currency}".rstrip() + source
+
+
+def _spend(data: dict[str, Any], currency: str) -> str:
     usage, cost = data.get("usage") or {}, data.get("cost") or {}
     tokens = f"{usage.get('inputTokens', 0):,} in · {usage.get('outputTokens', 0):,} out"
-    return f"{tokens} · cost {cost['amount']:.6f}" if "amount" in cost else tokens
+    if "amount" not in cost:
+        return tokens
+    return f"{tokens} · cost {money(cost['amount'])} {currency}".rstrip()
 
 
 def _tool_step(event: Event, call: dict[str, Any] | None) -> Step:

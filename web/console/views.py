@@ -14,7 +14,7 @@ from flask import flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import NotFound
 
-from tracon_jobs.db.models import Run
+from tracon_jobs.db.models import Run, WorkflowNode
 from tracon_jobs.resilience.views import circuits_view
 from tracon_jobs.runs.approvals import ApprovalConflict, ApprovalNotFound
 from tracon_jobs.runs.cancel import cancel_tree
@@ -22,6 +22,7 @@ from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.timeline import RunTimeline
 from tracon_jobs.runs.views import tool_call_json
+from tracon_jobs.workflows.store import RequestConflict
 from web.console import forms
 from web.console.blueprint import bp, safe_next
 from web.console.plots import stacked_chart
@@ -33,6 +34,7 @@ from web.console.session import (
     sign_out,
     signed_in_tenant,
 )
+from web.draining import is_draining
 from web.extensions import runtime
 from web.quota import max_concurrent_runs
 from web.runs import encode_cursor
@@ -85,6 +87,27 @@ def run_page(run_id: str) -> str:
     return render_template("console/run.html", **run_context(owned_run(run_id)))
 
 
+@bp.post("/runs/<run_id>/respond")
+def respond(run_id: str) -> ResponseReturnValue:
+    """Answer the question a workflow run waits on, as `POST /api/workflows/runs/{id}/respond`
+    with `Prefer: respond-async` does; then show the run that goes on."""
+    run = owned_run(run_id)
+    answer = forms.answer_form()
+    if answer.error is not None:  # the page again, with what was typed and why it is refused
+        context = {**run_context(run), "answer": answer}
+        return render_template("console/run.html", **context), 400
+    if is_draining():
+        flash("Not answered: this web node is draining before it stops; try again.", "error")
+        return redirect(url_for("console.run_page", run_id=run.id))
+    try:
+        continuation = runtime().workflow_resumes.respond(run, answer.value, resumable=True)
+    except RequestConflict as conflict:
+        flash(f"Not answered: {conflict}.", "error")
+        return redirect(url_for("console.run_page", run_id=run.id))
+    flash(f"Answered. The workflow goes on in this run, after run {run.id[:8]}.", "ok")
+    return redirect(url_for("console.run_page", run_id=continuation.id))
+
+
 def owned_run(run_id: str) -> Run:
     run = runtime().runs.get(run_id, current_tenant())
     if run is None:
@@ -96,7 +119,7 @@ def run_context(run: Run) -> dict[str, Any]:
     rt = runtime()
     live = not RunStatus(run.status).is_terminal
     calls = [tool_call_json(call) for call in Ledger(rt.runs).calls(run.id)]
-    timeline = build_timeline(rt.runs.events(run.id), calls, live)
+    timeline = build_timeline(rt.runs.events(run.id), calls, live, run.cost_currency)
     approvals = rt.approval_store.page(
         current_tenant(), status=None, run_id=run.id, limit=50, before=None
     )
@@ -107,7 +130,17 @@ def run_context(run: Run) -> dict[str, Any]:
         "now": rt.db.now(),
         "tree": nest(rt.runs.tree(run.root_run_id, current_tenant())),
         "approvals": approvals,
+        "question": question_of(run),
+        "answer": forms.Answer(""),
+        "max_answer": forms.MAX_ANSWER,
     }
+
+
+def question_of(run: Run) -> WorkflowNode | None:
+    """The `ask` a waiting workflow run waits on (its node and payload), if any."""
+    if run.kind != "workflow" or run.status != RunStatus.WAITING.value:
+        return None
+    return runtime().workflow_store.request_of(run.id)
 
 
 @dataclass

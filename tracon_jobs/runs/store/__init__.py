@@ -3,7 +3,9 @@
 One store, `RunStore`, in modules along its parts: the SQL built once (`statements`), what it
 reads and writes besides the row (`values`), creating runs and the executor's fenced writes with
 the claim they make (`writes`), every way into and out of `Waiting` (`waiting`), heartbeats,
-cancel requests and reconciliation (`liveness`), and the reads (`queries`).
+cancel requests and reconciliation (`liveness`), and the reads (`queries`). The webhook
+messages that events cause are written with them, in their transaction, when an `Outbox` is
+given (`writes`).
 """
 
 from __future__ import annotations
@@ -21,16 +23,20 @@ from tracon_jobs.runs.store.values import (
     iso,
 )
 from tracon_jobs.runs.store.waiting import WaitingRuns
+from tracon_jobs.runs.store.writes import Message, Outbox, Typed
 
 __all__ = [
     "Event",
+    "Message",
     "ModelUsage",
     "NewRun",
+    "Outbox",
     "Run",
     "RunFilter",
     "RunStatistics",
     "RunStore",
     "TurnSpend",
+    "Typed",
     "iso",
 ]
 

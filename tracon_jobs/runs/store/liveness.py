@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import (
     and_,
@@ -24,11 +25,14 @@ from tracon_jobs.runs.lifecycle import (
 from tracon_jobs.runs.store.statements import (
     _NOW,
     _OWNED,
+    EVENTS,
     LIVE,
     RUNS,
 )
 from tracon_jobs.runs.store.values import Event
 from tracon_jobs.runs.store.writes import RunWrites
+
+MODEL_CALL_EVENTS = ("ModelCallStarted", "ModelCallCompleted", "ModelCallFailed")
 
 
 class RunLiveness(RunWrites):
@@ -185,8 +189,47 @@ class RunLiveness(RunWrites):
     def close_orphan(
         self, run: Run, status: RunStatus, error: RunError, silent_since: datetime
     ) -> Event | None:
-        """Close a silent run, unless it heartbeated or changed hands since it was read."""
+        """Close a silent run, unless it heartbeated or changed hands since it was read.
+
+        A model call its process was making when it went silent ends first, in the same
+        write (`ModelCallFailed`, kind `interrupted`): no follower sees it go on. That
+        close also needs the run to have written no event since it was read."""
         guard = [RUNS.c.fence == run.fence, RUNS.c.heartbeat_at < silent_since]
+        cut = self._interrupted_call(run)
+        if cut is not None:
+            guard.append(RUNS.c.event_seq == run.event_seq)
         return self._close(
-            run.id, RunStatus(run.status), None, status, error=error, extra_guard=guard
+            run.id,
+            RunStatus(run.status),
+            None,
+            status,
+            error=error,
+            extra_guard=guard,
+            before=[] if cut is None else [("ModelCallFailed", cut)],
         )
+
+    def _interrupted_call(self, run: Run) -> dict[str, Any] | None:
+        """The end of the run's model call still open (its `ModelCallStarted` is its last
+        model-call event, up to the run's `event_seq` as read), or None."""
+        query = (
+            select(EVENTS.c.type, EVENTS.c.data)
+            .where(
+                EVENTS.c.run_id == run.id,
+                EVENTS.c.seq <= run.event_seq,
+                EVENTS.c.type.in_(MODEL_CALL_EVENTS),
+            )
+            .order_by(EVENTS.c.seq.desc())
+            .limit(1)
+        )
+        with self.db.read() as session:
+            last = session.execute(query).one_or_none()
+        if last is None or last.type != "ModelCallStarted":
+            return None
+        return {
+            "provider": last.data.get("provider"),
+            "model": last.data.get("model"),
+            "status": None,
+            "kind": "interrupted",
+            "message": "the call's process stopped before it answered",
+            "counted": False,
+        }

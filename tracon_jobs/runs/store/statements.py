@@ -14,6 +14,10 @@ On PostgreSQL a new run (the row and its `RunQueued`) and a run's final write (t
 `UPDATE` and its events) are each one statement, `WITH ... AS (INSERT/UPDATE ... RETURNING)
 INSERT INTO run_events SELECT ...`, committed as it runs: atomic as a transaction would be,
 without the BEGIN and COMMIT round trips, and no event is written when the guard fails.
+
+A webhook message an event causes (`webhooks.outbox`) is one more insert in the event's
+transaction, `INSERT INTO webhook_messages ... SELECT ... FROM runs WHERE runs.id = :id`, so
+the tenant comes from the row itself (`message_insert`).
 """
 
 from __future__ import annotations
@@ -37,16 +41,27 @@ from sqlalchemy import (
     literal,
     select,
     text,
+    true,
     union_all,
     update,
 )
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, configure_mappers, make_transient_to_detached
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.elements import BindParameter, ColumnElement, TextClause
+from sqlalchemy.sql.selectable import CTE, Select
 
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.hot import hot
-from tracon_jobs.db.models import Run, RunEvent, Tenant, TenantQuotaOverride
+from tracon_jobs.db.models import (
+    Run,
+    RunEvent,
+    Tenant,
+    TenantQuotaOverride,
+    WebhookEndpoint,
+    WebhookMessage,
+)
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store.values import (
     Event,
@@ -175,7 +190,7 @@ _MAKE_CLAIM = {
         heartbeat_at=_NOW,
         event_seq=RUNS.c.event_seq + count,
     )
-    .returning(RUNS.c.event_seq, RUNS.c.heartbeat_at.label("at"))
+    .returning(RUNS.c.event_seq, RUNS.c.heartbeat_at.label("at"), RUNS.c.tenant_id)
     for count in (1, 2)
 }
 _SAVE_TURN = (
@@ -203,7 +218,8 @@ _CLOSE = (
         model_attempts=_param(RUNS.c.model_attempts),
         event_seq=RUNS.c.event_seq + 1,
     )
-    .returning(RUNS.c.event_seq, _NOW.label("at"))
+    # the tenant too: the outbox messages of a final write read it (`_message_cte`)
+    .returning(RUNS.c.event_seq, _NOW.label("at"), RUNS.c.tenant_id)
 )
 _CLOSE_FENCED = _CLOSE.where(RUNS.c.fence == _param(RUNS.c.fence))
 _CLOSE_SPEND = _CLOSE_FENCED.values(
@@ -233,11 +249,100 @@ for _statement in (
     hot(_statement)
 
 
-def _with_events(guarded: Update, count: int) -> Insert:
-    """PostgreSQL: `guarded` (an `UPDATE ... RETURNING event_seq, at` that handed out `count`
-    sequence numbers) and the insert of its `count` events in one statement; no row comes
-    back when the guard stopped the update. Event `i` takes bind parameters `p_type_i` and
-    `p_data_i`."""
+MESSAGES = cast(Table, WebhookMessage.__table__)
+ENDPOINTS = cast(Table, WebhookEndpoint.__table__)
+_MESSAGE_COLUMNS = ("id", "tenant_id", "type", "subject_id", "data", "dedupe_key", "created_at")
+
+MessageShape = tuple[bool, bool]
+"""What a message's insert must do: (gated, once), see `message_insert`."""
+
+
+def _message_param(name: str, prefix: str = "p_") -> BindParameter[Any]:
+    return bindparam(f"{prefix}{name}", type_=MESSAGES.c[name].type)
+
+
+def _subscribes(
+    tenant: ColumnElement[Any], type_: BindParameter[Any], *, on_sqlite: bool
+) -> ColumnElement[bool]:
+    """Whether `tenant` has an enabled endpoint whose `events` name the type `type_`: read
+    with the insert, so an endpoint created or disabled a moment ago counts as it is."""
+    names: ColumnElement[bool]
+    if on_sqlite:
+        listed = func.json_each(ENDPOINTS.c.events).table_valued("value")
+        names = exists().select_from(listed).where(listed.c.value == type_)
+    else:
+        names = sql_cast(ENDPOINTS.c.events, postgresql.JSONB).has_key(type_)
+    return exists().where(ENDPOINTS.c.tenant_id == tenant, ENDPOINTS.c.enabled.is_(true()), names)
+
+
+def _into_outbox(
+    rows: Select[Any], shape: MessageShape, *, on_sqlite: bool
+) -> Insert | postgresql.Insert | sqlite.Insert:
+    """`INSERT INTO webhook_messages SELECT <rows>`, written once by its key when `once`."""
+    dialect_insert = sqlite.insert if on_sqlite else postgresql.insert
+    statement = dialect_insert(MESSAGES).from_select(list(_MESSAGE_COLUMNS), rows)
+    if not shape[1]:
+        return statement
+    return statement.on_conflict_do_update(
+        index_elements=[MESSAGES.c.dedupe_key],
+        set_={"dedupe_key": statement.excluded.dedupe_key},
+    )
+
+
+@functools.cache
+def message_insert(*, of_run: bool, gated: bool, once: bool, on_sqlite: bool) -> Insert:
+    """The insert of one outbox message, its tenant read in the same statement: from the row
+    of run `p_source_id` (`of_run`), else tenant `p_source_id` itself. It returns the id of
+    the row written; none when the source row is missing or the gate stopped it.
+
+    `gated`: only when that tenant has an enabled endpoint that subscribes to the type (the
+    others who may want it, the operator's endpoint and Slack, are configuration: the caller
+    knows them). `once`: a message whose `dedupe_key` may be written already (by another run,
+    process or request); it returns the id of the row holding the key, this one or the
+    earlier one, so the caller knows the message is there either way.
+    """
+    source = RUNS if of_run else _TENANTS
+    tenant = RUNS.c.tenant_id if of_run else _TENANTS.c.id
+    where = [source.c.id == bindparam("p_source_id", type_=source.c.id.type)]
+    if gated:
+        where.append(_subscribes(tenant, _message_param("type"), on_sqlite=on_sqlite))
+    values = [tenant if name == "tenant_id" else _message_param(name) for name in _MESSAGE_COLUMNS]
+    rows = select(*values).where(*where)
+    statement = _into_outbox(rows, (gated, once), on_sqlite=on_sqlite).returning(MESSAGES.c.id)
+    return hot(statement) if on_sqlite else statement
+
+
+def _message_cte(changed: CTE, index: int, shape: MessageShape) -> CTE:
+    """PostgreSQL: message `index` of a guarded write, inserted in the write's statement with
+    the tenant and the time of the row `changed`; its parameters are `p_m<index>_<column>`."""
+    prefix = f"p_m{index}_"
+    values = [
+        changed.c.tenant_id
+        if name == "tenant_id"
+        else changed.c.at
+        if name == "created_at"
+        else _message_param(name, prefix)
+        for name in _MESSAGE_COLUMNS
+    ]
+    where: list[ColumnElement[bool]] = [true()]  # an upsert's SELECT needs its WHERE
+    if shape[0]:
+        type_ = _message_param("type", prefix)
+        where.append(_subscribes(changed.c.tenant_id, type_, on_sqlite=False))
+    rows = select(*values).where(*where)
+    statement = _into_outbox(rows, shape, on_sqlite=False)
+    return statement.returning(MESSAGES.c.id).cte(f"message_{index}")
+
+
+@functools.cache
+def _with_events(guarded: Update, count: int, messages: tuple[MessageShape, ...] = ()) -> Insert:
+    """PostgreSQL: `guarded` (an `UPDATE ... RETURNING event_seq, at, tenant_id` that handed
+    out `count` sequence numbers) and the insert of its `count` events in one statement; no
+    row comes back when the guard stopped the update. Event `i` takes bind parameters
+    `p_type_i` and `p_data_i`.
+
+    With `messages`, the outbox messages of those events are inserted in the same statement
+    (`_message_cte`), and each row comes back as (seq, at, the id of each message written or
+    found by its key, None where the gate stopped it)."""
     changed = guarded.cte("changed")
     rows = [
         select(
@@ -250,12 +355,16 @@ def _with_events(guarded: Update, count: int) -> Insert:
         for i in range(count)
     ]
     source = rows[0] if count == 1 else union_all(*rows)
-    return (
+    outbox = [_message_cte(changed, j, shape) for j, shape in enumerate(messages)]
+    statement = (
         insert(EVENTS)
         .from_select(["run_id", "seq", "type", "at", "data"], source)
-        .returning(EVENTS.c.seq, EVENTS.c.at)
+        .returning(EVENTS.c.seq, EVENTS.c.at, *(select(m.c.id).scalar_subquery() for m in outbox))
         .add_cte(changed, nest_here=True)
     )
+    for cte in outbox:
+        statement = statement.add_cte(cte, nest_here=True)
+    return statement
 
 
 _CLOSE_IN_ONE = {

@@ -1,12 +1,16 @@
 """The run store's writes: creating and enqueueing runs, and the executor's fenced writes, with
-the claim that the first of them makes."""
+the claim that the first of them makes; and the webhook messages their events cause, written
+in the same transaction (`Outbox`)."""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     and_,
@@ -47,6 +51,7 @@ from tracon_jobs.runs.store.statements import (
     _MARK_ENQUEUED,
     _READ_CLAIMABLE,
     _SAVE_TURN,
+    RUNS,
     Executes,
     _detached_run,
     _insert_event,
@@ -54,6 +59,8 @@ from tracon_jobs.runs.store.statements import (
     _new_row,
     _numbered,
     _spend_params,
+    _with_events,
+    message_insert,
 )
 from tracon_jobs.runs.store.values import (
     Event,
@@ -61,14 +68,83 @@ from tracon_jobs.runs.store.values import (
     TurnSpend,
 )
 
+Typed = Sequence[tuple[str, dict[str, Any]]]
+"""The events of one write, as (type, data), before they are numbered."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """A webhook message that run events cause (`Outbox.messages`), as the run store writes it
+    into `webhook_messages`, in the events' transaction: its tenant is read from the run row by
+    the insert itself, its time is the events'.
+
+    `gated`: written only when the run's tenant has an enabled endpoint that subscribes to
+    `type` (no one else wants it). `dedupe_key`: a message written once however often it is
+    caused (`quota.exceeded`, once a tenant's quota window)."""
+
+    id: str
+    type: str
+    subject_id: str
+    data: dict[str, Any]
+    gated: bool = True
+    dedupe_key: str | None = None
+
+
+class Outbox(Protocol):
+    """Which webhook messages run events cause, and what follows their commit
+    (`tracon_jobs.webhooks.outbox`)."""
+
+    def messages(self, run_id: str, events: Typed) -> list[Message]:
+        """The messages `events` of run `run_id` cause: none, at no cost, when nobody
+        listens. Asked before the events' transaction begins where the store owns it."""
+        ...
+
+    def committed(self, messages: Sequence[Message], wrote: bool) -> None:
+        """`messages` are in SQL now, their transaction committed; `wrote`: that transaction
+        wrote some of them (the others, once-only ones, were written before): wake the
+        deliverers."""
+        ...
+
+
+def _shape(message: Message) -> tuple[bool, bool]:
+    """How its insert is built (`statements.MessageShape`)."""
+    return message.gated, message.dedupe_key is not None
+
+
+def _message_params(prefix: str, message: Message) -> dict[str, Any]:
+    """A message's bind parameters, named `<prefix><column>`."""
+    return {
+        f"{prefix}id": message.id,
+        f"{prefix}type": message.type,
+        f"{prefix}subject_id": message.subject_id,
+        f"{prefix}data": message.data,
+        f"{prefix}dedupe_key": message.dedupe_key,
+    }
+
+
+AFTER_COMMIT_KEPT = 1024
+"""Messages written in transactions whose events were never published (they rolled back)
+are forgotten beyond this many, oldest first."""
+
 
 class RunWrites:
     """A run's life from its `Queued` row to its final write; every write of an executor is
     guarded by the claim's fence (the claim read, then made by the first write)."""
 
-    def __init__(self, db: Database, feed: EventFeed | None = None) -> None:
+    def __init__(
+        self, db: Database, feed: EventFeed | None = None, outbox: Outbox | None = None
+    ) -> None:
         self.db = db
         self.feed = feed
+        self.outbox = outbox
+        # (run id, seq) of an event written with messages -> those messages (and whether
+        # each was new), told to the outbox when the event is published, after its commit;
+        # one entry a transaction
+        self._after_commit: dict[tuple[str, int], list[tuple[Message, bool]]] = {}
+        self._marked: weakref.WeakKeyDictionary[Executes, tuple[str, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._marking = threading.Lock()
         # run id -> a claim read and not made yet: the claim's next write makes it
         self._pending: dict[str, PendingClaim] = {}
         # run id -> a claim that was never made: another process claimed the run first, with
@@ -80,9 +156,63 @@ class RunWrites:
         self._ending: dict[str, int] = {}
 
     def publish(self, event: Event | None) -> Event | None:
+        """Tell the followers of a committed event, and the outbox of the messages its
+        transaction wrote."""
         if event is not None and self.feed is not None:
             self.feed.publish(event.run_id, event.seq)
+        if event is not None and self._after_commit:
+            written = self._after_commit.pop((event.run_id, event.seq), None)
+            if written and self.outbox is not None:
+                self.outbox.committed([m for m, _ in written], any(new for _, new in written))
         return event
+
+    # -- the webhook messages of events --------------------------------------------------
+
+    def _messages(self, run_id: str, typed: Typed) -> list[Message]:
+        return [] if self.outbox is None else self.outbox.messages(run_id, typed)
+
+    def _write_messages(
+        self, session: Executes, events: Sequence[Event], messages: Sequence[Message]
+    ) -> None:
+        """Insert `messages` (of `events`) in the events' transaction, each with its tenant
+        read from the run row; those written wait for the publication of `events[-1]`."""
+        found = [(m, self._insert_message(session, events[-1], m)) for m in messages]
+        written = [(m, id_ == m.id) for m, id_ in found if id_ is not None]
+        if written:
+            self._after(session, (events[-1].run_id, events[-1].seq), written)
+
+    def _insert_message(self, session: Executes, event: Event, message: Message) -> str | None:
+        """The id of the message in the outbox now: its own (written here), or that of the
+        one written first with its `dedupe_key`; None when its gate stopped it."""
+        statement = message_insert(
+            of_run=True,
+            gated=message.gated,
+            once=message.dedupe_key is not None,
+            on_sqlite=self.db.is_sqlite,
+        )
+        params = {
+            **_message_params("p_", message),
+            "p_source_id": event.run_id,
+            "p_created_at": event.at,
+        }
+        row = session.execute(statement, params).first()
+        return None if row is None else str(row[0])
+
+    def _after(
+        self, session: Executes, key: tuple[str, int], written: list[tuple[Message, bool]]
+    ) -> None:
+        """Keep `written` for the publication of the event `key` after the commit: a
+        transaction's messages gather under its first such event, so its commit wakes the
+        deliverers once however many it wrote."""
+        with self._marking:
+            first = self._marked.get(session)
+            if first is not None and first in self._after_commit:
+                self._after_commit[first].extend(written)
+                return
+            self._marked[session] = key
+            self._after_commit[key] = written  # over an entry of a transaction rolled back
+            while len(self._after_commit) > AFTER_COMMIT_KEPT:
+                del self._after_commit[next(iter(self._after_commit))]
 
     # -- creating and enqueueing -------------------------------------------------------
 
@@ -268,23 +398,49 @@ class RunWrites:
         published yet, or None when the guard matched no row (nothing is written).
 
         With `in_one` (PostgreSQL, `_with_events(guarded, ...)`), one statement in
-        autocommit; else one transaction of the update and a multi-row insert."""
+        autocommit, the webhook messages the events cause included; else one transaction of
+        the update, a multi-row insert and the messages' inserts."""
+        messages = self._messages(run_id, typed)
         if in_one is not None:
-            for i, (type_, data) in enumerate(typed):
-                params.update({f"p_type_{i}": type_, f"p_data_{i}": data})
-            with self.db.autocommit() as connection:
-                rows = connection.execute(in_one, params).all()
-            if not rows:
-                return None
-            seq, at = max(rows)
-            return _numbered(run_id, seq, at, typed)[-1]
+            return self._write_in_one(run_id, guarded, in_one, params, typed, messages)
         with self.db.transaction() as session:
             row = session.execute(guarded, params).one_or_none()
             if row is None:
                 return None
             events = _numbered(run_id, row[0], row[1], typed)
             _insert_events(session, events)
+            if messages:
+                self._write_messages(session, events, messages)
         return events[-1]
+
+    def _write_in_one(
+        self,
+        run_id: str,
+        guarded: Update,
+        in_one: Insert,
+        params: dict[str, Any],
+        typed: Typed,
+        messages: Sequence[Message],
+    ) -> Event | None:
+        """`_write_with_events` on PostgreSQL: the update, the events and their messages in
+        one statement (`_with_events`), committed as it runs."""
+        for i, (type_, data) in enumerate(typed):
+            params.update({f"p_type_{i}": type_, f"p_data_{i}": data})
+        if messages:
+            in_one = _with_events(guarded, len(typed), tuple(_shape(m) for m in messages))
+            for j, message in enumerate(messages):
+                params.update(_message_params(f"p_m{j}_", message))
+        with self.db.autocommit() as connection:
+            rows = connection.execute(in_one, params).all()
+            if not rows:
+                return None
+            last = max(rows, key=lambda row: int(row[0]))
+            event = _numbered(run_id, last[0], last[1], typed)[-1]
+            found = zip(messages, last[2:], strict=True)
+            written = [(m, id_ == m.id) for m, id_ in found if id_ is not None]
+            if written:
+                self._after(connection, (run_id, event.seq), written)
+        return event
 
     @rides_out_outages
     def append(
@@ -313,6 +469,7 @@ class RunWrites:
             return
         claim = self._settle(claim)
         params = {"p_id": claim.run_id, "p_fence": claim.fence, "p_count": len(events)}
+        messages = self._messages(claim.run_id, events)
         with self.db.transaction() as session:
             row = session.execute(
                 _APPEND_MANY_FENCED, {**params, **self.db.clock_params()}
@@ -326,6 +483,8 @@ class RunWrites:
                 for i, (type_, data) in enumerate(events)
             ]
             _insert_events(session, rows)
+            if messages:
+                self._write_messages(session, rows, messages)
         self.publish(rows[-1])
 
     def append_in(
@@ -353,7 +512,8 @@ class RunWrites:
         data: dict[str, Any],
         params: dict[str, Any],
     ) -> Event:
-        """Run `statement` (a `_next_seq` with more SET values maybe), then insert the event."""
+        """Run `statement` (a `_next_seq` with more SET values maybe), then insert the event
+        and the webhook messages it causes."""
         params.update(self.db.clock_params(), p_id=run_id)
         if claim is not None:
             params["p_fence"] = claim.fence
@@ -362,7 +522,11 @@ class RunWrites:
             raise RunTakenAway(f"run {run_id} is no longer owned by fence {claim and claim.fence}")
         seq, at = row
         _insert_event(session, run_id, seq, type_, at, data)
-        return Event(run_id=run_id, seq=seq, type=type_, at=at, data=data)
+        event = Event(run_id=run_id, seq=seq, type=type_, at=at, data=data)
+        messages = self._messages(run_id, ((type_, data),))
+        if messages:
+            self._write_messages(session, (event,), messages)
+        return event
 
     @rides_out_outages
     def record_spend(self, claim: AnyClaim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
@@ -441,11 +605,15 @@ class RunWrites:
         extra_guard: Sequence[ColumnElement[bool]] = (),
         *,
         spend: tuple[TurnSpend, dict[str, Any]] | None = None,
+        before: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> Event | None:
+        """The final write; `before`: events written ahead of the terminal one, in it."""
         statement = _CLOSE if claim is None else _CLOSE_FENCED
         if spend is not None:
-            assert claim is not None, "a spend is closed by its executor"
+            assert claim is not None and not before, "a spend is closed by its executor"
             statement = _CLOSE_SPEND
+        if before:
+            statement = statement.values(event_seq=RUNS.c.event_seq + len(before) + 1)
         if extra_guard:
             statement = statement.where(*extra_guard)
         params = {
@@ -467,8 +635,9 @@ class RunWrites:
             data["output"] = output
         if error is not None:
             data["error"] = error.as_json()
-        typed = [(TERMINAL_EVENT[status], data)]
+        typed = [*before, (TERMINAL_EVENT[status], data)]
         if spend is not None:
             typed.insert(0, ("ModelCallCompleted", spend[1]))
-        in_one = None if self.db.is_sqlite or extra_guard else _CLOSE_IN_ONE[id(statement)]
+        made_here = bool(extra_guard or before)  # a statement of its own: none in one
+        in_one = None if self.db.is_sqlite or made_here else _CLOSE_IN_ONE[id(statement)]
         return self.publish(self._write_with_events(run_id, statement, in_one, params, typed))

@@ -49,6 +49,12 @@
 
   function liveRun(element) {
     poll(element, RUN_INTERVAL_MS, function (body) {
+      var question = document.getElementById("workflow-question");
+      if (body.asks && !question) {
+        window.location.reload();  // the question and its form are drawn with the page
+        return false;
+      }
+      if (!body.asks && question) { question.remove(); }  // answered elsewhere, or canceled
       var open = openDetails(element);
       element.innerHTML = body.html;
       restoreDetails(element, open);
