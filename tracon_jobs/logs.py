@@ -7,7 +7,10 @@ puts the filter and the format on the root logger's handlers: text by default, J
 `TRACON_LOG_FORMAT=json`:
 
     {"time": "2026-11-30T03:17:14.050Z", "level": "WARNING", "logger": "tracon_jobs.x",
-     "message": "...", "run_id": "…", "tenant": "acme", "agent": "demo", "exc_info": null}
+     "message": "...", "run_id": "…", "tenant": "acme", "agent": "demo",
+     "trace_id": "…", "span_id": "…", "exc_info": null}
+
+`trace_id` and `span_id` are the current span's (`tracing`), null when untraced.
 
 A context variable does not follow work handed to another thread: `carry(fn)` and
 `carry_coroutine(coro)` take the current run's identity along.
@@ -25,6 +28,8 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
+
+from tracon_jobs import tracing
 
 FORMAT_ENV = "TRACON_LOG_FORMAT"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(run_tag)s %(message)s"
@@ -73,13 +78,16 @@ def run_context(
 
 
 def carry(fn: Callable[P, T]) -> Callable[P, T]:
-    """`fn` bound to the current run's identity, for another thread (a pool's worker)."""
+    """`fn` bound to the current run's identity and trace context, for another thread (a
+    pool's worker)."""
     fields = _current.get()
+    trace_context = tracing.carry_context()
 
     def bound(*args: P.args, **kwargs: P.kwargs) -> T:
         token = _current.set(fields)
         try:
-            return fn(*args, **kwargs)
+            with tracing.run_in(trace_context):
+                return fn(*args, **kwargs)
         finally:
             _current.reset(token)
 
@@ -87,24 +95,30 @@ def carry(fn: Callable[P, T]) -> Callable[P, T]:
 
 
 def carry_coroutine(coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
-    """`coro` wrapped to run under the current run's identity on another event loop."""
+    """`coro` wrapped to run under the current run's identity (and trace context) on
+    another event loop."""
     fields = _current.get()
+    trace_context = tracing.carry_context()
 
     async def bound() -> T:
         _current.set(fields)  # the task runs in a copy of the loop's context: nothing leaks
-        return await coro
+        with tracing.run_in(trace_context):
+            return await coro
 
     return bound()
 
 
 class RunContextFilter(logging.Filter):
-    """Adds `run_id`, `tenant`, `agent` (None outside a run) and `run_tag` to each record."""
+    """Adds `run_id`, `tenant`, `agent` (None outside a run), `trace_id` and `span_id`
+    (None outside a span, or untraced) and `run_tag` to each record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         fields = _current.get()
+        ids = tracing.current_ids()
+        record.trace_id, record.span_id = ids if ids is not None else (None, None)
         if fields is None:
             record.run_id = record.tenant = record.agent = None
-            record.run_tag = ""
+            record.run_tag = "" if ids is None else f" [trace_id={ids[0]}]"
         else:
             record.run_id, record.tenant, record.agent = (
                 fields.run_id,
@@ -113,6 +127,8 @@ class RunContextFilter(logging.Filter):
             )
             parts = [f"run_id={fields.run_id}"]
             parts += [f"{k}={v}" for k, v in asdict(fields).items() if k != "run_id" and v]
+            if ids is not None:
+                parts.append(f"trace_id={ids[0]}")
             record.run_tag = f" [{' '.join(parts)}]"
         return True
 
@@ -156,6 +172,8 @@ class JsonFormatter(logging.Formatter):
             "run_id": getattr(record, "run_id", None),
             "tenant": getattr(record, "tenant", None),
             "agent": getattr(record, "agent", None),
+            "trace_id": getattr(record, "trace_id", None),
+            "span_id": getattr(record, "span_id", None),
             "exc_info": exc_info,
         }
         if record.stack_info:

@@ -14,6 +14,10 @@ Two kinds, on purpose:
   web` turns on (`prepare_multiprocess_dir`) before gunicorn forks. Sum these across
   instances.
 
+A process that traces (`tracing`) gives each histogram observation an exemplar, the trace
+and span it was made in; a worker's port serves them in the OpenMetrics format when the
+scraper asks for it (prometheus_client keeps none in multiprocess mode: not the web's).
+
 The recording functions below never raise: a metric must not fail a run.
 """
 
@@ -44,6 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
 
+from tracon_jobs import tracing
 from tracon_jobs.coordination import leases
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import (
@@ -176,7 +181,7 @@ def run_finished(status: str, agent: str, seconds: float) -> None:
     def record() -> None:
         RUN_DELIVERIES.labels(status).inc()
         if status in ("Completed", "Failed", "Canceled", "Waiting"):
-            RUN_SECONDS.labels(status, agent).observe(seconds)
+            RUN_SECONDS.labels(status, agent).observe(seconds, tracing.exemplar())
 
     _safely(record)
 
@@ -187,7 +192,11 @@ def message_sent(ok: bool) -> None:
 
 def model_call(provider: str, model: str, seconds: float, outcome: str = "ok") -> None:
     """One provider call ended: `ok`, or the `ProviderError.kind` it failed with."""
-    _safely(lambda: MODEL_CALL_SECONDS.labels(provider, model, outcome).observe(seconds))
+    _safely(
+        lambda: MODEL_CALL_SECONDS.labels(provider, model, outcome).observe(
+            seconds, tracing.exemplar()
+        )
+    )
 
 
 @contextlib.contextmanager
@@ -238,7 +247,7 @@ def circuit_transition(provider: str, before: str, after: str) -> None:
 
 def slot_wait(provider: str, seconds: float, waited: bool) -> None:
     def record() -> None:
-        SLOT_WAIT_SECONDS.labels(provider).observe(seconds)
+        SLOT_WAIT_SECONDS.labels(provider).observe(seconds, tracing.exemplar())
         if waited:
             SLOT_WAITS.labels(provider).inc()
 
@@ -247,7 +256,7 @@ def slot_wait(provider: str, seconds: float, waited: bool) -> None:
 
 def rate_limit_wait(provider: str, seconds: float, waited: bool) -> None:
     def record() -> None:
-        RATE_LIMIT_WAIT_SECONDS.labels(provider).observe(seconds)
+        RATE_LIMIT_WAIT_SECONDS.labels(provider).observe(seconds, tracing.exemplar())
         if waited:
             RATE_LIMIT_WAITS.labels(provider).inc()
 
@@ -295,7 +304,7 @@ def webhook_attempt(target: str, outcome: str, seconds: float | None) -> None:
     def record() -> None:
         WEBHOOK_ATTEMPTS.labels(target, outcome).inc()
         if seconds is not None:
-            WEBHOOK_ATTEMPT_SECONDS.labels(target).observe(seconds)
+            WEBHOOK_ATTEMPT_SECONDS.labels(target).observe(seconds, tracing.exemplar())
 
     _safely(record)
 

@@ -31,6 +31,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
         problems,
         quota,
         runs,
+        tracing,
         webhooks,
         workflows,
     )
@@ -42,6 +43,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
     if test_config:
         app.config.update(test_config)
     app.extensions["tracon_metrics"] = metrics.approval_registry(app.extensions["tracon"].db)
+    tracing.init_app(app)  # first: the request's span opens before any other hook runs
     problems.init_app(app)
     inputs.init_app(app)
     draining.init_app(app)

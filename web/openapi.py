@@ -262,6 +262,11 @@ RUN_SCHEMA: dict[str, Any] = {
         "depth": {"type": "integer", "minimum": 0},
         "continuedFromRunId": {"type": ["string", "null"]},
         "attempt": {"type": "integer"},
+        "traceparent": {
+            "type": ["string", "null"],
+            "description": "The W3C traceparent of the run's submission span (null when "
+            "untraced): its execution's spans are in this trace",
+        },
         "modelId": {"type": ["string", "null"]},
         "usage": USAGE,
         "cost": {

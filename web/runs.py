@@ -20,7 +20,7 @@ from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun, RunFilter
 from tracon_jobs.runs.views import run_json, tool_call_json
-from web import inputs
+from web import inputs, tracing
 from web.auth import require_tenant, tenant_id
 from web.buffered import buffered_run_response, run_view
 from web.continuing import ChainPosition, continues
@@ -114,7 +114,7 @@ def run_agent(name: str) -> Response | tuple[Response, int, dict[str, str]]:
 
 def submit(new: NewRun) -> Run:
     try:
-        return runtime().dispatcher.submit(new)
+        run = runtime().dispatcher.submit(new)
     except EnqueueError as exc:
         raise Problem(
             503,
@@ -123,6 +123,8 @@ def submit(new: NewRun) -> Run:
             headers={"Retry-After": "5"},
             runId=new.id,
         ) from exc
+    tracing.submitted(run.traceparent)
+    return run
 
 
 @bp.get("/runs/<run_id>")

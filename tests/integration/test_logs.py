@@ -138,7 +138,18 @@ def test_json_lines_hold_time_level_logger_message_run_and_exc_info() -> None:
 
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [set(line) for line in lines] == [
-        {"time", "level", "logger", "message", "run_id", "tenant", "agent", "exc_info"}
+        {
+            "time",
+            "level",
+            "logger",
+            "message",
+            "run_id",
+            "tenant",
+            "agent",
+            "trace_id",
+            "span_id",
+            "exc_info",
+        }
     ] * 3
     first, second, third = lines
     assert first["level"] == "ERROR" and first["logger"] == "tests.json_probe"

@@ -104,13 +104,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tracon_jobs.errors",
             "tracon_jobs.timers",
             "tracon_jobs.abort",
-            "tracon_jobs.logs",
             "tracon_jobs.startup",
             "tracon_jobs.handoff",
             "tracon_jobs.drain_file",
             "tracon_jobs.embedded_redis",
         ),
     ),
+    # the process's tracer (the SDK only when asked for), and log lines that carry its ids
+    ("traces and logs", ("tracon_jobs.tracing", "tracon_jobs.logs")),
     ("switches", ("tracon_jobs.fast_paths",)),
     ("stores", ("tracon_jobs.coordination", "tracon_jobs.db")),
     ("models and tools", ("tracon_jobs.providers", "tracon_jobs.agents")),
@@ -121,6 +122,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tracon_jobs.metrics",
             "tracon_jobs.pricing",
             "tracon_jobs.idempotency",
+            "tracon_jobs.tracing.genai",  # the spans of a run: named by providers' types
             # what a webhook is and how it is signed and sent: no run in them
             "tracon_jobs.webhooks.events",
             "tracon_jobs.webhooks.signing",

@@ -85,9 +85,18 @@ class WebApplication(BaseApplication):
         self.cfg.set("timeout", 0)  # SSE streams live as long as their runs
         self.cfg.set("graceful_timeout", 30)
         self.cfg.set("accesslog", "-")
+        self.cfg.set("post_fork", _post_fork)
 
     def load(self) -> Any:
         return import_app(WEB_APP)
+
+
+def _post_fork(server: Any, worker: Any) -> None:
+    """In each gunicorn worker, after its fork: tracing starts here, never in the master
+    (the SDK's export thread would not follow the fork)."""
+    from tracon_jobs import tracing
+
+    tracing.start("web")
 
 
 class DrainingArbiter(Arbiter):
@@ -198,6 +207,9 @@ def beat_class(app: Celery) -> type:
 
 
 def cmd_beat(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs import tracing
+
+    tracing.start("beat")  # beat forks nothing: its scans' spans go from here
     app = celery_with_periodic_tasks(load_runtime())
     app.Beat = beat_class(app)
     VAR.mkdir(exist_ok=True)

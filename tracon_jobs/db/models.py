@@ -108,6 +108,7 @@ class Run(Base):
     waiting_since: Mapped[datetime | None]  # set while a person must act
     waited_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # MaxDuration excludes it
     resumable: Mapped[bool] = mapped_column(Boolean, default=False)  # a job owns it (async)
+    traceparent: Mapped[str | None] = mapped_column(String(55))  # its submission's span
 
 
 class RunEvent(Base):

@@ -79,6 +79,7 @@ class Continuations:
                 attempt=run.attempt + 1,
                 currency=run.cost_currency,
                 priority=run.priority,
+                continues_trace=run.traceparent,
             )
         )
         data = {"continuationRunId": continuation.id}

@@ -10,17 +10,22 @@ How a message is sent is the `Sender` the dispatcher is given: the Celery one is
 With a `FairShare`, a run is offered to the fair lines first (`coordination.fair_share`):
 sent now, or kept in its tenant's line until its turn; a fair store that cannot be reached
 lets the run be sent at once (logged).
+
+A traced submission is a span (`submission`): its context is the run's `traceparent`,
+written on the row and carried by the message, the parent of every execution's span.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import redis
 
-from tracon_jobs import metrics
+from tracon_jobs import metrics, tracing
 from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, FairStore, Offered, fair_ids
 from tracon_jobs.coordination.scripts import Later
 from tracon_jobs.db.models import Run
@@ -61,18 +66,19 @@ class RunDispatcher:
         return self._submitting.get(run_id)
 
     def submit(self, new: NewRun) -> Run:
-        run = self.store.create(new)
-        self._submitting[run.id] = (new.agent, new.tenant_id)
-        try:
-            self.offer(run.id, new.tenant_id, new.priority)
-        except EnqueueError as exc:
-            log.error("enqueue failed for run %s: %s", run.id, exc)
-            error = RunError("enqueue_failed", ErrorClass.INFRASTRUCTURE, str(exc))
-            self.store.fail_unsent(run.id, error)
-            raise
-        finally:
-            self._submitting.pop(run.id, None)
-        return run
+        with submission(new) as traced:
+            run = self.store.create(traced)
+            self._submitting[run.id] = (new.agent, new.tenant_id)
+            try:
+                self.offer(run.id, new.tenant_id, new.priority)
+            except EnqueueError as exc:
+                log.error("enqueue failed for run %s: %s", run.id, exc)
+                error = RunError("enqueue_failed", ErrorClass.INFRASTRUCTURE, str(exc))
+                self.store.fail_unsent(run.id, error)
+                raise
+            finally:
+                self._submitting.pop(run.id, None)
+            return run
 
     def resend(self, run_id: str) -> bool:
         """Send a run's message again (a run in its tenant's line stays there); False
@@ -152,3 +158,32 @@ class RunDispatcher:
                 self.send(run_id)
             except EnqueueError as exc:
                 log.warning("run %s not sent from its line, next scan retries: %s", run_id, exc)
+
+
+@contextlib.contextmanager
+def submission(new: NewRun) -> Iterator[NewRun]:
+    """The run's submission span around writing its row and sending it: `new` with the
+    span's traceparent (unchanged when untraced). A run that continues another one joins
+    that run's trace and links to it (and to the request that asked for it, if any)."""
+    links: list[str | None] = [] if new.continues_trace is None else [new.continues_trace]
+    if new.continues_trace is not None:
+        links.append(tracing.current_traceparent())
+    attributes = {
+        "tracon.run.id": new.id,
+        "tracon.run.kind": new.kind,
+        "tracon.run.attempt": new.attempt,
+        "tracon.run.priority": new.priority,
+        "tracon.run.parent_id": new.parent_run_id,
+        "tracon.run.continued_from": new.continued_from_run_id,
+        "tracon.tenant.id": new.tenant_id,
+        "gen_ai.agent.name": new.agent if new.kind == "agent" else None,
+    }
+    with tracing.span(
+        f"submit {new.agent}",
+        kind=tracing.PRODUCER,
+        attributes=attributes,
+        parent=new.continues_trace,
+        links=links,
+    ) as span:
+        traceparent = span.traceparent
+        yield new if traceparent is None else dataclasses.replace(new, traceparent=traceparent)

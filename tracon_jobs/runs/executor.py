@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from tracon_jobs import logs, metrics
+from tracon_jobs import logs, metrics, tracing
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
 from tracon_jobs.coordination.live_text import LiveText, TurnWriter
@@ -109,6 +109,7 @@ from tracon_jobs.runs.toolcalls import (
     unanswered_calls,
 )
 from tracon_jobs.settings import AgentSettings, Settings
+from tracon_jobs.tracing import genai
 
 log = logging.getLogger(__name__)
 
@@ -208,12 +209,18 @@ class RunExecutor:
         try:  # the claim commits with the first model call's `ModelCallStarted` (`open_claim`)
             # Redis calls nobody waits for (a spend, a success) go with the next call on the
             # same client, at the latest with the final event's publish: one round trip
-            with logs.run_context(run_id, agent=run.agent), deferring():
+            with (
+                logs.run_context(run_id, agent=run.agent),
+                deferring(),
+                genai.execution(run, expected=(ClaimedElsewhere,)) as span,
+            ):
                 if run.kind == "agent" and not unanswered_calls(run.messages or []):
                     taken = self._taken_later(run_id)  # with its first model call's gate
                 else:  # a workflow, or tool calls first: the lines must not wait for them
                     self._taken(run_id)
-                return self._execute_claimed(claim, run, own_quota)
+                outcome = self._execute_claimed(claim, run, own_quota)
+                span.set("tracon.run.outcome", outcome)
+                return outcome
         except ClaimedElsewhere:  # a duplicate delivery that lost the race: nothing ran here
             log.info("run %s was claimed by another worker first; delivery dropped", run_id)
             elsewhere = True  # its place is the claiming worker's now
@@ -452,6 +459,14 @@ class RunExecutor:
             reason,
         )
         self.runs.append(ex.claim, "ModelFallbackUsed", data)
+        tracing.current_span().event(
+            "tracon.fallback",
+            {
+                "tracon.fallback.from": primary.provider_name,
+                "tracon.fallback.to": fallback.provider_name,
+                "tracon.fallback.reason": str(reason),
+            },
+        )
 
     def _link_loop(self, ex: Execution, link: Link) -> dict[str, Any]:
         """One link's whole tool-call loop, under one circuit admission.
@@ -510,6 +525,10 @@ class RunExecutor:
         if isinstance(change, Transition) and change.after == "open":
             data["failures"] = change.failures
         self.runs.append(ex.claim, "CircuitStateChanged", data)
+        tracing.current_span().event(
+            "tracon.circuit",
+            {"tracon.provider": provider, "from": change.before, "to": change.after},
+        )
 
     # -- one link's conversation -------------------------------------------------------
 
@@ -569,6 +588,10 @@ class RunExecutor:
             claim = self.runs.settle(ex.claim)  # made by the turn's model call
             ids = self.approvals.wait_for(claim, waiting.requests, messages, index)
             log.info("run %s waits for approvals %s", ex.claim.run_id, ", ".join(ids))
+            tracing.current_span().event(
+                "tracon.approval.wait",
+                {"tracon.approval.ids": ids, "tracon.tools": [r.tool for r in waiting.requests]},
+            )
             raise RunWaits(ids) from None
 
     def _model_call(
@@ -600,18 +623,26 @@ class RunExecutor:
         if cap is not None:  # the tree's budget has less room than the call would ask
             request = dataclasses.replace(request, max_output_tokens=cap)
         # a call not made (circuit open, run taken away) or failed hands its tokens back
-        with ex.tree_budget().reservation(reserved) as reservation:
+        with (
+            self._model_call_span(link, request, index) as span,
+            ex.tree_budget().reservation(reserved) as reservation,
+        ):
             ticket = admission.ticket()
+            span.set("tracon.circuit.decision", _decision(ticket))
             cache_key, cached = self._cached(ex, link, request)
             limited = NOT_LIMITED  # a cached answer calls nobody: no rate limit holds it
             slot = contextlib.ExitStack()  # the provider's concurrency slot, held for the call
             try:  # before the call is started: a call parked waits in no event of its own
                 if cached is None:
+                    waited = time.monotonic()
                     limited = self._rate_admitted(ex, link, request)
+                    span.set("tracon.wait.rate_limit_ms", _ms_since(waited))
                     park_after = self.settings.runs.park_after.total_seconds()
+                    waited = time.monotonic()
                     slot.enter_context(
                         self.slots.hold(link.provider_name, ex.signal, park_after=park_after)
                     )
+                    span.set("tracon.wait.slot_ms", _ms_since(waited))
             except ProviderError as exc:  # canceled while it waited
                 raise self._model_call_failed(ex, link, ticket, exc) from exc
             with slot:
@@ -656,6 +687,15 @@ class RunExecutor:
             self.cache.put(ex.run.agent, cache_key, value, ttl_ms, config.max_entries)
         return response
 
+    def _model_call_span(
+        self, link: Link, request: ModelRequest, turn: int
+    ) -> contextlib.AbstractContextManager[tracing.Span]:
+        provider = self.settings.providers.get(link.provider_name)
+        kind = provider.kind if provider is not None else link.provider_name
+        return genai.model_call(
+            kind, link.provider_name, link.position, request, turn, expected=(MustPark,)
+        )
+
     def _rate_admitted(self, ex: Execution, link: Link, request: ModelRequest) -> Admitted:
         """Wait, if the provider's rate limits are spent, until the call may start (see
         `resilience.rate_limits`); the call's tokens are its input and its `max_tokens`.
@@ -675,6 +715,10 @@ class RunExecutor:
         again then by `resume_later`, or by the requeue scan after a crash)."""
         self.runs.park(ex.claim, park.seconds, park.reason, messages, index)
         metrics.run_parked(park.reason)
+        tracing.current_span().event(
+            "tracon.parked",
+            {"tracon.park.reason": park.reason, "tracon.park.seconds": park.seconds},
+        )
         log.info("run %s parked for %.1fs: %s", ex.claim.run_id, park.seconds, park.reason)
         if self.resume_later is not None:
             self.resume_later(ex.claim.run_id, park.seconds, "parked")
@@ -773,6 +817,7 @@ class RunExecutor:
             amount, source = Decimal(0), "Configured"
         usage = response.usage
         currency = self.settings.pricing.currency
+        genai.answered(response, amount, currency, source, cached)
         metrics.model_spend(
             link.provider_name,
             response.model,
@@ -848,6 +893,7 @@ class _Admission:
         try:
             ticket = pending()
         except ProviderError as exc:
+            tracing.current_span().set("tracon.circuit.decision", "rejected")
             raise LinkRejected(exc) from exc
         self.admitted = ticket
         self.report(ticket.change)
@@ -877,3 +923,13 @@ def initial_messages(agent: AgentSettings, run: Run) -> list[Message]:
         return messages + history
     messages.append({"role": "user", "content": str(run.input.get("message", ""))})
     return messages
+
+
+def _decision(ticket: Ticket) -> str:
+    """The breaker's word on a call, for its span: a half-open probe, admitted by a closed
+    circuit, or not tracked (the breaker is off, or its store did not answer)."""
+    return "probe" if ticket.probe else "admitted" if ticket.tracked else "not_tracked"
+
+
+def _ms_since(started: float) -> int:
+    return round((time.monotonic() - started) * 1000)

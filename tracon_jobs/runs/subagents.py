@@ -22,7 +22,7 @@ from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.approvals import ApprovalStore
 from tracon_jobs.runs.cancel import cancel_tree
-from tracon_jobs.runs.dispatch import RunDispatcher
+from tracon_jobs.runs.dispatch import RunDispatcher, submission
 from tracon_jobs.runs.ledger import ToolOutcome
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun, RunStore
@@ -71,23 +71,23 @@ class SubAgents:
 
     def start(self, parent: Run, agent: str, message: str) -> str:
         """Write the child row, then try to send it; a broker that refuses is not fatal."""
-        child = self.runs.create(
-            NewRun(
-                tenant_id=parent.tenant_id,
-                agent=agent,
-                input={"message": message},
-                session_id=parent.session_id,
-                parent_run_id=parent.id,
-                root_run_id=parent.root_run_id,
-                depth=parent.depth + 1,
-                currency=parent.cost_currency,
-                priority=parent.priority,
-            )
+        new = NewRun(
+            tenant_id=parent.tenant_id,
+            agent=agent,
+            input={"message": message},
+            session_id=parent.session_id,
+            parent_run_id=parent.id,
+            root_run_id=parent.root_run_id,
+            depth=parent.depth + 1,
+            currency=parent.cost_currency,
+            priority=parent.priority,
         )
-        try:
-            self.dispatcher.send(child.id)
-        except EnqueueError as exc:
-            log.warning("child %s not sent (%s); the parent runs it", child.id, exc)
+        with submission(new) as traced:  # a child of the tool call's span, when traced
+            child = self.runs.create(traced)
+            try:
+                self.dispatcher.send(child.id)
+            except EnqueueError as exc:
+                log.warning("child %s not sent (%s); the parent runs it", child.id, exc)
         return child.id
 
     def answer(

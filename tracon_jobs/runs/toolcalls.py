@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from tracon_jobs import logs
+from tracon_jobs import logs, tracing
 from tracon_jobs.agents.tools import ToolContext, ToolSpec
 from tracon_jobs.db.models import Approval
 from tracon_jobs.errors import RunTakenAway, ToolCanceledError, ToolError
@@ -34,6 +34,7 @@ from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError
 from tracon_jobs.runs.retries import Sleep, run_with_retries
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import SubAgents
+from tracon_jobs.tracing import genai
 
 
 class WaitingForPerson(Exception):
@@ -135,14 +136,34 @@ class ToolCalls:
         then the body."""
         arguments, parse_error = parse_arguments(call.arguments)
         spec = ex.tools.get(call.name)
-        if _calls_an_agent(ex, call):
-            outcome = self._call_agent(ex, call_no, call, arguments, parse_error)
-        elif recorded is not None:
-            outcome = self._answer_from_record(ex, call, recorded)
-        elif spec is None or parse_error is not None:
-            outcome = self._execute(ex, call_no, call, spec, arguments, parse_error)
-        else:
-            outcome = self._through_gates(ex, call_no, call, arguments, spec)
+        calls_an_agent = _calls_an_agent(ex, call)
+        with genai.tool_call(
+            call.name,
+            call.id,
+            "agent" if calls_an_agent else "function",
+            None if spec is None else spec.side_effect,
+            call.arguments,
+        ) as span:
+            if calls_an_agent:
+                source = "child_run"
+                outcome = self._call_agent(ex, call_no, call, arguments, parse_error)
+            elif recorded is not None:
+                source = "ledger"
+                outcome = self._answer_from_record(ex, call, recorded)
+            elif spec is None or parse_error is not None:
+                source = "refused"
+                outcome = self._execute(ex, call_no, call, spec, arguments, parse_error)
+            else:
+                source = "executed"
+                outcome = self._through_gates(ex, call_no, call, arguments, spec)
+            genai.tool_answered(
+                span,
+                outcome.ok,
+                outcome.error_code,
+                outcome.attempts,
+                source,
+                outcome.result if outcome.ok else outcome.error_message,
+            )
         return {"role": "tool", "tool_call_id": call.id, "content": outcome.as_model_content()}
 
     # -- the steps, in order -----------------------------------------------------------------
@@ -420,6 +441,9 @@ class ToolCalls:
                 "previousError": error.code,
             }
             self.runs.append(ex.claim, "CapabilityRetried", data)
+            tracing.current_span().event(
+                "tracon.tool.retry", {"tracon.tool.attempt": attempt, "error.type": error.code}
+            )
 
         def still_ours() -> None:
             """The fence and the cancel flag, read from SQL right before the body starts."""

@@ -31,6 +31,7 @@ def run_json(
         "depth": run.depth,
         "continuedFromRunId": run.continued_from_run_id,
         "attempt": run.attempt,
+        "traceparent": run.traceparent,
         "modelId": run.model_id,
         "usage": {
             "inputTokens": run.input_tokens,

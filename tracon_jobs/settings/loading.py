@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tracon_jobs import fast_paths
+from tracon_jobs import fast_paths, tracing
 from tracon_jobs.errors import ConfigurationError
 from tracon_jobs.settings import defaults
 from tracon_jobs.settings.environment import warn_of_unused_variables
@@ -44,6 +44,7 @@ def load_settings(
     """
     environ = os.environ if environ is None else environ
     fast_paths.read(environ)  # a switch that says neither on nor off fails here, named
+    tracing.check_environment(environ)  # an OTEL_* value the exporter would ignore, too
     data = _read_root(_config_file(config_path, environ))
     settings = Settings.from_mapping(apply_environment(data, environ), environment_sources(environ))
     for setting, variable in settings.missing_key_variables(environ):

@@ -26,12 +26,12 @@ from celery.signals import after_setup_logger, worker_init
 from kombu import Queue
 from sqlalchemy import select
 
-from tracon_jobs import logs, metrics
+from tracon_jobs import logs, metrics, tracing
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, Tenant
 from tracon_jobs.settings import Settings
 from tracon_jobs.worker.broker import transport_for
-from tracon_jobs.worker.envelope import EXECUTE_TASK, RUNS_QUEUE, label_runs_with
+from tracon_jobs.worker.envelope import EXECUTE_TASK, RUNS_QUEUE, TRACEPARENT, label_runs_with
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,8 @@ def create_celery(
         task: Task, run_id: str, agent: str | None = None, tenant: str | None = None
     ) -> str:
         try:
-            return run_task(execute, describe, run_id, agent, tenant)
+            with tracing.delivered(getattr(task.request, TRACEPARENT, None)):
+                return run_task(execute, describe, run_id, agent, tenant)
         except RunEndedCanceled as canceled:
             _report_revoked(task, str(canceled))
             raise Ignore() from None  # no task-succeeded/-failed event after the revoked one
@@ -218,11 +219,13 @@ def _report_revoked(task: Task, reason: str) -> None:
 
 
 def _install_worker_hooks(app: Celery, draining: threading.Event | None) -> None:
-    """In a worker of `app` only: run-aware logging, and the metrics port when configured."""
+    """In a worker of `app` only: run-aware logging, tracing (its pool is threads: no fork
+    after this), and the metrics port when configured."""
 
     def on_init(sender: Any = None, **_kwargs: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
+        tracing.start("worker")
         logs.install()
         if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
             for name in QUIET_LOGGERS:

@@ -21,7 +21,7 @@ from kombu.entity import PERSISTENT_DELIVERY_MODE
 from kombu.utils import json as kombu_json
 from kombu.utils.uuid import uuid
 
-from tracon_jobs import metrics
+from tracon_jobs import metrics, tracing
 from tracon_jobs.coordination.connections import command
 from tracon_jobs.errors import EnqueueError
 from tracon_jobs.runs.dispatch import Sender
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 EXECUTE_TASK = "tracon.runs.execute"
 RUNS_QUEUE = "tracon.runs"
+TRACEPARENT = "traceparent"
+"""The message header of the sender's W3C trace context (`tracing`), when it traces."""
 SHOWN_MAX = 1024  # Celery's `argsrepr_maxsize`: longer arguments are cut by its saferepr
 SEND_RETRIES = 2
 SEND_RETRY_STEP_SECONDS = 0.2
@@ -71,15 +73,17 @@ def celery_sender(
 
     def send(run_id: str) -> None:
         kwargs, shown_or_cut = _arguments(app, labels, run_id)
+        traceparent = tracing.current_traceparent()  # the sender's span: the run's, or a link
         try:
             if push is not None:
-                push(kwargs, shown_or_cut)
+                push(kwargs, shown_or_cut, traceparent)
             else:
                 app.send_task(
                     EXECUTE_TASK,
                     kwargs=kwargs,
                     argsrepr="()",
                     kwargsrepr=shown_or_cut,
+                    headers=None if traceparent is None else {TRACEPARENT: traceparent},
                     queue=RUNS_QUEUE,
                     retry=True,
                     retry_policy={
@@ -103,7 +107,7 @@ def celery_message(app: Celery, labels: Labels | None = None) -> Callable[[str],
     build = _builder(app)
 
     def message(run_id: str) -> str:
-        return build(*_arguments(app, labels, run_id))
+        return build(*_arguments(app, labels, run_id), tracing.current_traceparent())
 
     return message
 
@@ -119,12 +123,19 @@ def _arguments(
     return kwargs, shown if len(shown) <= SHOWN_MAX else None  # None: Celery cuts it
 
 
-def _pusher(app: Celery, client: redis.Redis) -> Callable[[dict[str, str], str | None], None]:
-    """`push(kwargs, kwargsrepr)`: one `tracon.runs.execute` message on `RUNS_QUEUE`."""
+Build = Callable[[dict[str, str], str | None, str | None], str]
+"""`build(kwargs, kwargsrepr, traceparent)`: the envelope of one run's message."""
+
+
+def _pusher(
+    app: Celery, client: redis.Redis
+) -> Callable[[dict[str, str], str | None, str | None], None]:
+    """`push(kwargs, kwargsrepr, traceparent)`: one `tracon.runs.execute` message on
+    `RUNS_QUEUE`."""
     build = _builder(app)
 
-    def push(kwargs: dict[str, str], kwargsrepr: str | None) -> None:
-        envelope = build(kwargs, kwargsrepr)
+    def push(kwargs: dict[str, str], kwargsrepr: str | None, traceparent: str | None) -> None:
+        envelope = build(kwargs, kwargsrepr, traceparent)
         for attempt in range(SEND_RETRIES + 1):
             try:
                 command(client, "LPUSH", RUNS_QUEUE, envelope)
@@ -137,11 +148,12 @@ def _pusher(app: Celery, client: redis.Redis) -> Callable[[dict[str, str], str |
     return push
 
 
-def _builder(app: Celery) -> Callable[[dict[str, str], str | None], str]:
-    """`build(kwargs, kwargsrepr)`: the envelope of one `tracon.runs.execute` message."""
+def _builder(app: Celery) -> Build:
+    """`build(kwargs, kwargsrepr, traceparent)`: the envelope of one `tracon.runs.execute`
+    message (with a `traceparent` header, as `send_task(headers=...)` adds one)."""
     amqp = app.amqp
 
-    def build(kwargs: dict[str, str], kwargsrepr: str | None) -> str:
+    def build(kwargs: dict[str, str], kwargsrepr: str | None, traceparent: str | None) -> str:
         task_id = uuid()
         parent = app.current_worker_task  # a run sent by a run: its task's child, as Celery
         root_id = parent_id = None
@@ -161,7 +173,10 @@ def _builder(app: Celery) -> Callable[[dict[str, str], str | None], str]:
         )
         # `send_task` also copies the reprs into the properties: the same envelope
         properties = {**message.properties, "argsrepr": "()", "kwargsrepr": kwargsrepr}
-        return _envelope(message.headers, properties, message.body)
+        headers = message.headers
+        if traceparent is not None:
+            headers = {**headers, TRACEPARENT: traceparent}
+        return _envelope(headers, properties, message.body)
 
     return build
 

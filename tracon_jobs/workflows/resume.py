@@ -18,7 +18,7 @@ from typing import Any
 
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
-from tracon_jobs.runs.dispatch import RunDispatcher
+from tracon_jobs.runs.dispatch import RunDispatcher, submission
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.settings import Settings
 from tracon_jobs.workflows.store import WorkflowStore
@@ -60,12 +60,14 @@ class WorkflowResumes:
 
     def resume(self, run: Run, *, resumable: bool) -> Run:
         """Resume a `Failed` workflow run from its latest checkpoint (`ResumeConflict` else)."""
-        return self._send(self.store.resume(run, continuation(run, run.attempt, resumable)))
+        with submission(continuation(run, run.attempt, resumable)) as new:
+            return self._send(self.store.resume(run, new))
 
     def attempt_again(self, run: Run) -> Run:
         """The job's next attempt at `run`, just closed after its process died: from the
         latest checkpoint with `ResumeInterruptedRuns`, else from the start."""
-        return self._send(self.store.resume(run, continuation(run, run.attempt + 1, True)))
+        with submission(continuation(run, run.attempt + 1, True)) as new:
+            return self._send(self.store.resume(run, new))
 
     def _send(self, run: Run) -> Run:
         try:
@@ -88,4 +90,5 @@ def continuation(run: Run, attempt: int, resumable: bool) -> NewRun:
         currency=run.cost_currency,
         priority=run.priority,
         resumable=resumable,
+        continues_trace=run.traceparent,
     )

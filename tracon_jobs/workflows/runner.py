@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from tracon_jobs import tracing
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import RunCanceled, RunTakenAway
@@ -29,6 +30,7 @@ from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import SubAgents
 from tracon_jobs.settings import Settings
+from tracon_jobs.tracing import genai
 from tracon_jobs.workflows.context import WorkflowContext
 from tracon_jobs.workflows.registry import WorkflowRegistry
 from tracon_jobs.workflows.store import Recorded, WorkflowStore
@@ -195,8 +197,9 @@ class WorkflowExecution:
                 self._stop_if_refused(node, attempt, self.budget.refuse_node())
             self.current = node
             try:
-                value = fn(*args, **kwargs)
-                json.dumps(value)
+                with genai.node(node, "step", attempt):
+                    value = fn(*args, **kwargs)
+                    json.dumps(value)
             except Exception as exc:
                 self._event("WorkflowNodeFailed", node=node, attempt=attempt, error=str(exc))
                 if attempt > retries:
@@ -217,8 +220,10 @@ class WorkflowExecution:
         self._event("WorkflowNodeStarted", node=node, kind="agent", agent=agent, attempt=1)
         self._stop_if_refused(node, 1, self.budget.refuse_child(self.run.depth + 1))
         children = self.runner.children
-        child_id = children.start(self.run, agent, message)
-        outcome = children.answer(child_id, self.signal, self.runner.run_inline)
+        with genai.node(node, "agent", 1) as span:  # the child run nests under it
+            child_id = children.start(self.run, agent, message)
+            span.set("tracon.run.child_id", child_id)
+            outcome = children.answer(child_id, self.signal, self.runner.run_inline)
         if self.signal.aborted:
             raise stopped(self.signal)
         if not outcome.ok:
@@ -237,6 +242,7 @@ class WorkflowExecution:
         if hit is not None:
             return hit.value
         json.dumps(payload)
+        tracing.current_span().event("tracon.workflow.ask", {"tracon.workflow.node": node})
         raise WaitingForAnswer(node, payload)
 
     def report_usage(self, amount: Decimal, currency: str) -> None:

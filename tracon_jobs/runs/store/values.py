@@ -38,6 +38,8 @@ class NewRun:
     currency: str = "USD"
     resumable: bool = False  # a job owns it (submitted respond-async): it may be resumed
     priority: int = 5  # 0-9, higher first within its tenant's share (`fair_share.PRIORITIES`)
+    traceparent: str | None = None  # its submission's span (`tracing`), when traced
+    continues_trace: str | None = None  # the traceparent of the run it continues, if any
     id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
