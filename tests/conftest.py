@@ -101,20 +101,24 @@ FOREIGN_REDIS: list[str] = []
 class RedisOwnership:
     """Which Redis servers this test process may use: those whose working directory is under
     the session's temporary folder (every server the tests start keeps its files there), and
-    the one `TRACON_TEST_REDIS_URL` names. Judged once per address, after the connection is
-    made, by `CONFIG GET dir` on it; a server that refuses `CONFIG` is not ours."""
+    of the server `TRACON_TEST_REDIS_URL` names, only this process's databases (`given_dbs`:
+    the other processes' and the user's own are not). Judged once per address, after the
+    connection is made, by `CONFIG GET dir` on it; a server that refuses `CONFIG` is not
+    ours."""
 
-    def __init__(self, root: Path, given: str | None) -> None:
+    def __init__(self, root: Path, given: str | None, given_dbs: range = range(0)) -> None:
         self.root = root
         self.verdicts: dict[tuple[str, int], bool] = {}
+        self.given: tuple[str, int] | None = None
+        self.given_dbs = given_dbs
         if given:
             parts = redis.connection.parse_url(given)
-            self.verdicts[(str(parts.get("host", "localhost")), int(parts.get("port", 6379)))] = (
-                True
-            )
+            self.given = (str(parts.get("host", "localhost")), int(parts.get("port", 6379)))
 
     def ours(self, connection: Any) -> bool:
         address = (str(connection.host), int(connection.port))
+        if address == self.given:
+            return int(connection.db or 0) in self.given_dbs
         verdict = self.verdicts.get(address)
         if verdict is None:
             try:
@@ -136,7 +140,8 @@ def _redis_ownership(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis
     is closed before its first command and fails the test that opened it."""
     base = tmp_path_factory.getbasetemp()
     root = base.parent if _XDIST_WORKER else base  # the run's folder, every worker's inside
-    ownership = RedisOwnership(root, os.environ.get("TRACON_TEST_REDIS_URL"))
+    given = os.environ.get("TRACON_TEST_REDIS_URL")
+    ownership = RedisOwnership(root, given, _given_dbs(given) if given else range(0))
     original = redis.connection.Connection.connect
 
     def connect(self: Any) -> None:
@@ -145,7 +150,10 @@ def _redis_ownership(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis
             address = f"{self.host}:{self.port}"
             FOREIGN_REDIS.append(address)
             self.disconnect()
-            raise ForeignRedis(f"a test connected to a Redis server it did not start: {address}")
+            raise ForeignRedis(
+                f"a test connected to a Redis server (or database) it did not start: "
+                f"{address}/{self.db}"
+            )
 
     redis.connection.Connection.connect = connect  # type: ignore[method-assign]
     yield ownership
@@ -160,16 +168,24 @@ def _only_our_redis() -> Iterator[None]:
     assert not foreign, f"connected to Redis servers the session did not start: {foreign}"
 
 
+def _given_dbs(url: str) -> range:
+    """This process's databases of `TRACON_TEST_REDIS_URL`'s server (`REDIS_DBS_PER_PROCESS`
+    from the URL's, after the parallel workers before this one); a URL without a database
+    number is refused."""
+    base, _, db = url.rpartition("/")
+    if not base.startswith(("redis://", "rediss://")) or not db.isdigit():
+        raise pytest.UsageError(
+            f"TRACON_TEST_REDIS_URL must end in a database number (redis://host:port/8): {url}"
+        )
+    first = int(db) + REDIS_DBS_PER_PROCESS * XDIST_INDEX
+    return range(first, first + REDIS_DBS_PER_PROCESS)
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = os.environ.get("TRACON_TEST_REDIS_URL")
     if url:
-        base, _, db = url.rpartition("/")
-        if not base.startswith(("redis://", "rediss://")) or not db.isdigit():
-            raise pytest.UsageError(
-                f"TRACON_TEST_REDIS_URL must end in a database number (redis://host:port/8): {url}"
-            )
-        yield f"{base}/{int(db) + REDIS_DBS_PER_PROCESS * XDIST_INDEX}"
+        yield f"{url.rpartition('/')[0]}/{_given_dbs(url).start}"
         return
     directory = tmp_path_factory.mktemp("redis")
     server: EmbeddedRedis = start_embedded(directory, executable=shutil.which("redis-server"))

@@ -25,8 +25,8 @@ import pytest
 from tests.helpers import MakeRuntime, Script, scripted_agent
 from tracon_jobs import __version__
 from tracon_jobs.cli import EXIT_BROKEN_PIPE, main
-from tracon_jobs.cli.output import amount_text
 from tracon_jobs.cli.parser import build_parser
+from tracon_jobs.numbers import amount_text
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 

@@ -86,3 +86,31 @@ def test_the_sessions_own_server_is_used_as_ever(redis_client: redis.Redis) -> N
     redis_client.set("mine", "1")
     assert redis_client.get("mine") == b"1"
     assert conftest.FOREIGN_REDIS == []
+
+
+def test_of_a_given_server_only_this_processs_databases_are_the_sessions(
+    foreign_port: int, tmp_path: Path
+) -> None:
+    # Given the server a user named in TRACON_TEST_REDIS_URL, database 4 on
+    given = f"redis://127.0.0.1:{foreign_port}/4"
+    ownership = conftest.RedisOwnership(tmp_path, given, conftest._given_dbs(given))
+    own = range(4, 4 + conftest.REDIS_DBS_PER_PROCESS)
+    assert ownership.given_dbs == range(
+        own.start + 3 * conftest.XDIST_INDEX, own.stop + 3 * conftest.XDIST_INDEX
+    )
+
+    def judged(db: int) -> bool:
+        connection = redis.Connection(host="127.0.0.1", port=foreign_port, db=db)
+        return ownership.ours(connection)
+
+    # Then this process's databases are its own, and the user's database 0 or another
+    # parallel worker's are not
+    assert all(judged(db) for db in ownership.given_dbs)
+    assert not judged(0)
+    assert not judged(ownership.given_dbs.stop)
+    assert raw(foreign_port, "GET", "user-data") == b"$8\r\nprecious\r\n"
+
+
+def test_a_given_url_without_a_database_number_is_refused() -> None:
+    with pytest.raises(pytest.UsageError, match="must end in a database number"):
+        conftest._given_dbs("redis://127.0.0.1:6379")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tracon_jobs.cli.output import amount_text, cost_text, json_text
+from tracon_jobs.numbers import amount_text, cost_text, json_text
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,12 @@ and the same text for one amount whatever type it arrives as (SQL's Decimal, a f
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 
 import pytest
 
+from web.console.blueprint import pretty
 from web.console.money import money
 
 
@@ -31,3 +33,11 @@ from web.console.money import money
 )
 def test_money_reads_plainly(amount: float | Decimal | None, text: str) -> None:
     assert money(amount) == text
+
+
+def test_a_reported_amount_in_an_events_details_reads_as_on_the_rest_of_the_page() -> None:
+    # a `UsageReported` event's data, drawn in the run page's timeline with `pretty`
+    shown = pretty({"amount": 5.3e-05, "currency": "USD", "note": "café"})
+    assert '"amount": 0.000053' in shown and "e-05" not in shown
+    assert "café" in shown  # as written, not escaped
+    assert json.loads(shown) == {"amount": 5.3e-05, "currency": "USD", "note": "café"}

@@ -104,6 +104,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tracon_jobs.errors",
             "tracon_jobs.timers",
             "tracon_jobs.abort",
+            "tracon_jobs.numbers",
             "tracon_jobs.startup",
             "tracon_jobs.handoff",
             "tracon_jobs.drain_file",

@@ -12,8 +12,8 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.cli.context import CommandError, load_runtime
-from tracon_jobs.cli.output import cost_text, json_text
 from tracon_jobs.drain_file import clear_web_drain, drain_file, start_web_drain
+from tracon_jobs.numbers import cost_text, json_text
 from tracon_jobs.resilience.views import circuits_view
 
 if TYPE_CHECKING:

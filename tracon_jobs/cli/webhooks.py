@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.cli.context import CommandError, load_runtime
-from tracon_jobs.cli.output import json_text
+from tracon_jobs.numbers import json_text
 from tracon_jobs.webhooks.addresses import Destinations
 from tracon_jobs.webhooks.endpoints import (
     Delivery,

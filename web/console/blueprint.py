@@ -3,7 +3,6 @@ session's CSRF token; errors are HTML pages, not problem+json; nothing is cached
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,6 +11,7 @@ from flask import Blueprint, Response, jsonify, redirect, render_template, reque
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
+from tracon_jobs.numbers import json_text
 from web.console.money import money
 from web.console.session import csrf_ok, csrf_token, signed_in_tenant
 
@@ -95,10 +95,11 @@ bp.app_template_filter("money")(money)
 
 @bp.app_template_filter("pretty")
 def pretty(value: Any) -> str:
-    """JSON for a `<pre>`: strings as they are, everything else indented."""
+    """JSON for a `<pre>`: strings as they are, everything else indented, its numbers
+    positional as every amount on the page (`0.000053`, never `5.3e-05`)."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return json_text(value, ensure_ascii=False)
 
 
 @bp.app_template_filter("short")

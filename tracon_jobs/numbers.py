@@ -1,6 +1,7 @@
-"""How the commands write numbers: an amount of money with the digits it has, up to the eight
-places a cost is kept with (`0.000053 USD`, never `0.0000 USD` nor `5.3e-05`), and JSON whose
-numbers are written the same way, positional, so a reader sees a tiny cost as it is."""
+"""How the commands and the console write numbers: an amount of money with the digits it
+has, up to the eight places a cost is kept with (`0.000053 USD`, never `0.0000 USD` nor
+`5.3e-05`), and JSON whose numbers are written the same way, positional, so a reader sees a
+tiny cost as it is."""
 
 from __future__ import annotations
 
@@ -46,14 +47,15 @@ def _decimal(number: Decimal | float | int) -> Decimal:
     return number if isinstance(number, Decimal) else Decimal(repr(number))
 
 
-def json_text(document: Any, *, indent: int | None = 2) -> str:
-    """`json.dumps(document, indent=indent, default=str)` (compact separators when `indent`
-    is None), except that a finite float is written positional with its shortest digits:
-    `0.0000339`, not `3.39e-05`. Still JSON: a reader parses the same floats back."""
-    return "".join(_json_parts(document, indent, 0))
+def json_text(document: Any, *, indent: int | None = 2, ensure_ascii: bool = True) -> str:
+    """`json.dumps(document, indent=indent, ensure_ascii=ensure_ascii, default=str)` (compact
+    separators when `indent` is None), except that a finite float is written positional with
+    its shortest digits: `0.0000339`, not `3.39e-05`. Still JSON: a reader parses the same
+    floats back."""
+    return "".join(_json_parts(document, indent, 0, ensure_ascii))
 
 
-def _json_parts(value: Any, indent: int | None, depth: int) -> Iterator[str]:
+def _json_parts(value: Any, indent: int | None, depth: int, ascii: bool) -> Iterator[str]:
     if isinstance(value, float) and math.isfinite(value):
         text = positional(_decimal(value))
         yield text if "." in text else text + ".0"  # `1e16` stays a float: 10000000000000000.0
@@ -61,18 +63,18 @@ def _json_parts(value: Any, indent: int | None, depth: int) -> Iterator[str]:
         yield "{"
         for index, (key, item) in enumerate(value.items()):
             yield ("," if index else "") + _break(indent, depth + 1)
-            yield json.dumps(str(key)) + ":"
+            yield json.dumps(str(key), ensure_ascii=ascii) + ":"
             yield "" if indent is None else " "
-            yield from _json_parts(item, indent, depth + 1)
+            yield from _json_parts(item, indent, depth + 1, ascii)
         yield _break(indent, depth) + "}"
     elif isinstance(value, list | tuple) and value:
         yield "["
         for index, item in enumerate(value):
             yield ("," if index else "") + _break(indent, depth + 1)
-            yield from _json_parts(item, indent, depth + 1)
+            yield from _json_parts(item, indent, depth + 1, ascii)
         yield _break(indent, depth) + "]"
     else:
-        yield json.dumps(value, default=str)
+        yield json.dumps(value, ensure_ascii=ascii, default=str)
 
 
 def _break(indent: int | None, depth: int) -> str:
