@@ -91,6 +91,45 @@ def test_a_workflows_nodes_are_spans_of_its_execution_in_the_submissions_trace(
     assert spans["chat demo-model"].attributes["tracon.circuit.decision"] == "admitted"
 
 
+def test_an_answered_workflow_continues_in_the_trace_of_the_run_it_answers(
+    make_runtime: MakeRuntime, sql_url: str, traced: OtlpReceiver
+) -> None:
+    # Given a traced workflow that waits for a person's answer
+    workflows.ran.clear()
+    config = scripted_agent([{"Text": "drafted"}])
+    config["WorkflowModules"] = ["tests.workflows"]
+    config["Workflows"] = {"EnableCheckpointing": True}
+    runtime = make_runtime(sql_url, sender=lambda _run_id: None, **config)
+    tenant = runtime.tenants.ensure_tenant("acme")
+    new = NewRun(tenant, "review", {"orderId": "A-1"}, kind="workflow", session_id="s")
+    with tracing.attached(CLIENT_TRACEPARENT):
+        first = runtime.dispatcher.submit(new)
+    assert runtime.executor.execute(first.id) == "Waiting"
+
+    # When the answer comes (outside any span: the continuation's own submission)
+    waiting = run_of(runtime, first.id)
+    second = runtime.workflow_resumes.respond(waiting, {"text": "send it"}, resumable=False)
+    assert runtime.executor.execute(second.id) == "Completed"
+
+    # Then the continuation is submitted in the first run's trace, linked to it
+    assert first.traceparent is not None and second.traceparent is not None
+    assert second.traceparent.split("-")[1] == CLIENT_TRACE
+    spans = traced.wait_for(
+        lambda got: (
+            any(s.attributes.get("tracon.run.id") == second.id for s in got)
+            and sum(s.name == "run_workflow review" for s in got) == 2
+        )
+    )
+    [resubmitted] = [
+        s for s in spans if s.name == "submit review" and s.attributes["tracon.run.id"] == second.id
+    ]
+    first_span = first.traceparent.split("-")[2]
+    assert resubmitted.parent_span_id == first_span
+    assert (CLIENT_TRACE, first_span) in {
+        (link.trace_id, link.span_id) for link in resubmitted.links
+    }
+
+
 def test_log_lines_inside_a_span_carry_its_trace_and_span_ids(traced: OtlpReceiver) -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

@@ -55,8 +55,8 @@ class WorkflowResumes:
         """Answer the question `run` waits on; the answer returns from `ctx.ask` in the run
         that continues it (`RequestConflict` when it waits for nothing). `resumable`: the
         request that answers is bound to no connection (`Prefer: respond-async`)."""
-        new = continuation(run, run.attempt, resumable)
-        return self._send(self.store.answer(run, answer, new))
+        with submission(continuation(run, run.attempt, resumable)) as new:
+            return self._send(self.store.answer(run, answer, new))
 
     def resume(self, run: Run, *, resumable: bool) -> Run:
         """Resume a `Failed` workflow run from its latest checkpoint (`ResumeConflict` else)."""
