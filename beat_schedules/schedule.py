@@ -15,6 +15,7 @@ __all__ = [
     "IDEMPOTENCY_PURGE_TASK",
     "RECONCILE_TASK",
     "REQUEUE_TASK",
+    "WORKFLOW_TIMERS_TASK",
     "build_schedule",
 ]
 
@@ -22,6 +23,7 @@ REQUEUE_TASK = "tracon.runs.requeue_unclaimed"
 IDEMPOTENCY_PURGE_TASK = "tracon.idempotency.purge"
 RECONCILE_TASK = "tracon.reconcile.scan"
 APPROVAL_EXPIRY_TASK = "tracon.approvals.expire"
+WORKFLOW_TIMERS_TASK = "tracon.workflows.timers"
 
 
 def requeue_interval(settings: Settings) -> float:
@@ -51,6 +53,12 @@ def build_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": scan,
             "options": {"expires": scan, "queue": CONTROL_QUEUE},
         }
+    timers = settings.workflows.timer_scan_interval.total_seconds()
+    schedule["fire-workflow-timers"] = {
+        "task": WORKFLOW_TIMERS_TASK,
+        "schedule": timers,
+        "options": {"expires": timers, "queue": CONTROL_QUEUE},
+    }
     expiry = settings.approvals.expiry_scan_interval.total_seconds()
     schedule["expire-approvals"] = {
         "task": APPROVAL_EXPIRY_TASK,

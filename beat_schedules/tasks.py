@@ -25,6 +25,7 @@ from beat_schedules.schedule import (
     IDEMPOTENCY_PURGE_TASK,
     RECONCILE_TASK,
     REQUEUE_TASK,
+    WORKFLOW_TIMERS_TASK,
 )
 from tracon_jobs.coordination.periodic import LeaseRoutes
 from tracon_jobs.idempotency import IdempotencyStore, purge_past_retention
@@ -101,6 +102,16 @@ def register_periodic_tasks(app: Celery, runtime: Runtime) -> None:
         if result.deleted:
             log.info("deleted %d idempotency records past retention", result.deleted)
         return {"enabled": result.enabled, "deleted": result.deleted}
+
+    @app.task(name=WORKFLOW_TIMERS_TASK, bind=True, **PERIODIC)
+    def fire_workflow_timers(task: Task, forwarded: bool = False) -> Any:
+        return run_periodic(runtime, task, WORKFLOW_TIMERS_TASK, forwarded, timers_pass)
+
+    def timers_pass() -> dict[str, Any]:
+        fired = runtime.workflow_resumes.fire_due(runtime.db.now())
+        if fired:
+            log.info("continued %d workflow runs whose timer or event timeout was due", fired)
+        return {"fired": fired}
 
     @app.task(name=APPROVAL_EXPIRY_TASK, bind=True, **PERIODIC)
     def expire_approvals(task: Task, forwarded: bool = False) -> Any:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tracon_jobs import WorkflowContext, workflow
+from tracon_jobs import TIMED_OUT, WorkflowContext, workflow
 
 ran: list[str] = []
 _lock = threading.Lock()
@@ -125,3 +125,21 @@ def agent_then_step(ctx: WorkflowContext, input: dict[str, Any]) -> str:
 def _counted(node: str, value: str) -> str:
     count(node)
     return value
+
+
+@workflow("nap")
+def nap(ctx: WorkflowContext, input: dict[str, Any]) -> str:
+    """A node, a durable timer of `input["seconds"]`, then another node."""
+    before = ctx.step("before-nap", _counted, "before-nap", "rested")
+    ctx.sleep(float(input.get("seconds", 1.0)))
+    return str(ctx.step("after-nap", _counted, "after-nap", before))
+
+
+@workflow("await-payment")
+def await_payment(ctx: WorkflowContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A node, then a wait for the event `paid` (`input["timeout"]` seconds, or none)."""
+    order = ctx.step("open-order", _counted, "open-order", "A-1")
+    paid = ctx.wait_for("paid", timeout=input.get("timeout"))
+    if paid is TIMED_OUT:
+        return {"order": order, "paid": None}
+    return {"order": order, "paid": paid}

@@ -461,6 +461,7 @@ class Runtime:
             self.subagents,
             lambda run_id: self.executor.execute(run_id),
             quotas=self.quotas,
+            event_waited=lambda run_id: self.workflow_resumes.give_kept_event(run_id),
         )
 
     @cached_property

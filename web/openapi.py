@@ -183,6 +183,7 @@ def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any
 RUN_ID = _path("id", {"type": "string", "format": "uuid"}, "a run's id")
 APPROVAL_ID = _path("id", {"type": "string", "format": "uuid"}, "an approval's id")
 NAME = _path("name", {"type": "string", "minLength": 1}, "an agent's or workflow's name")
+EVENT_NAME = _path("name", {"type": "string", "minLength": 1, "maxLength": 200}, "an event's name")
 PREFER = {
     "name": "Prefer",
     "in": "header",
@@ -562,6 +563,22 @@ ANSWER_SCHEMA: dict[str, Any] = {
     "required": ["answer"],
     "additionalProperties": False,
     "properties": {"answer": {"description": "any JSON value"}},
+}
+EVENT_BODY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": NO_NUL,
+    "additionalProperties": False,
+    "properties": {"payload": {"description": "any JSON value: what ctx.wait_for returns"}},
+}
+EVENT_DELIVERED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["runId", "status", "event", "outcome"],
+    "properties": {
+        "runId": {"type": "string", "format": "uuid"},
+        "status": {"type": "string"},
+        "event": {"type": "string"},
+        "outcome": {"enum": ["delivered", "kept"]},
+    },
 }
 TEXT_PART: dict[str, Any] = {
     "type": "object",
@@ -1304,6 +1321,24 @@ def workflow_paths(key: dict[str, Any]) -> dict[str, Any]:
                 requestBody=_body(_schema("Answer")),
             )
         },
+        "/api/workflows/runs/{id}/events/{name}": {
+            "post": _op(
+                "Deliver the event `name` to the chain of a workflow run (any run of it): it"
+                " answers the chain's ctx.wait_for(name), and a new run continues the chain"
+                " (outcome `delivered`); with no such wait open yet, it is kept for the chain's"
+                " next one (outcome `kept`, Workflows.BufferEvents); 409 when it can be"
+                " neither (buffering off, or the chain ended)",
+                {
+                    "202": _json(EVENT_DELIVERED_SCHEMA, "delivered, or kept; Location: the run"),
+                    **_api(404, 409, 413, 422, 429),
+                },
+                parameters=[RUN_ID, EVENT_NAME, key],
+                requestBody={
+                    "required": False,
+                    "content": {"application/json": {"schema": _schema("EventBody")}},
+                },
+            )
+        },
         "/api/workflows/runs/{id}/resume": {
             "post": _op(
                 "Resume a Failed workflow run from its latest checkpoint (409 for a live, waiting,"
@@ -1811,6 +1846,7 @@ def document(settings: Settings) -> dict[str, Any]:
                 "RunRequest": RUN_REQUEST,
                 "WorkflowRequest": WORKFLOW_REQUEST,
                 "Answer": ANSWER_SCHEMA,
+                "EventBody": EVENT_BODY_SCHEMA,
                 "ChatCompletionRequest": CHAT_REQUEST,
                 "ResponsesRequest": RESPONSES_REQUEST,
                 "OpenAIObject": OPENAI_OBJECT,

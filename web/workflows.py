@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracon_jobs.coordination.fair_share import DEFAULT_PRIORITY, PRIORITIES
@@ -22,7 +22,7 @@ from web.auth import require_tenant, tenant_id
 from web.extensions import runtime
 from web.idempotency import idempotent, remember_run
 from web.preferences import prefers_async
-from web.problems import Problem, not_found
+from web.problems import Problem, bad_request, not_found
 from web.quota import refuse_when_spent
 from web.runs import owned_run, parse_body, submit
 from web.sse import EventFrames
@@ -45,6 +45,15 @@ class Answer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     answer: Any = Field(...)
+
+
+class EventBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    payload: Any = None
+
+
+EVENT_NAME_MAX = 200
 
 
 @bp.get("/workflows")
@@ -94,6 +103,30 @@ def respond(run_id: str) -> Response | tuple[Response, int, dict[str, str]]:
         except RequestConflict as conflict:
             raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
     return started(continuation, place)
+
+
+@bp.post("/workflows/runs/<run_id>/events/<name>")
+@idempotent()
+def deliver_event(run_id: str, name: str) -> tuple[Response, int, dict[str, str]]:
+    """The event `name` for the chain of `run_id` (any run of it): `202` with the run that
+    continues the chain (`delivered`), or, when no wait for it is open yet, the run it is
+    kept for (`kept`, with `Workflows.BufferEvents`); `409` when it can be neither."""
+    if len(name) > EVENT_NAME_MAX:
+        raise bad_request(f"name: at most {EVENT_NAME_MAX} characters", field="name")
+    run = owned_workflow_run(run_id)
+    body: EventBody = parse_body(EventBody) if request.get_data(cache=True) else EventBody()
+    try:
+        delivered = runtime().workflow_resumes.deliver(run, name, body.payload)
+    except RequestConflict as conflict:
+        raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
+    answer = {
+        "runId": delivered.run.id,
+        "status": delivered.run.status,
+        "event": name,
+        "outcome": "kept" if delivered.kept else "delivered",
+    }
+    remember_run(delivered.run.id)
+    return jsonify(answer), 202, {"Location": f"/api/runs/{delivered.run.id}"}
 
 
 @bp.post("/workflows/runs/<run_id>/resume")

@@ -239,3 +239,85 @@ def test_whether_a_job_owns_a_continuation_is_decided_by_its_own_request(
     assert queued.status_code == 202
     owned = wait_for_status(client, key, queued.get_json()["runId"], "Completed", timeout=15)
     assert runtime.runs.get(owned["id"]).resumable is True  # type: ignore[union-attr]
+
+
+def test_an_event_is_kept_then_taken_or_delivered_to_its_wait_over_http(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key = key_of(runtime, "acme")
+    started = client.post(
+        "/api/workflows/await-payment/run", json={"input": {}}, headers=auth(key, **ASYNC)
+    )
+    first = str(started.get_json()["runId"])
+    wait_for_status(client, key, first, "Waiting", timeout=15)
+    route = f"/api/workflows/runs/{first}/events/paid"
+
+    # An event while it waits answers the wait: a run continues the chain with it
+    delivered = client.post(route, json={"payload": {"amount": 40}}, headers=auth(key))
+    assert delivered.status_code == 202, delivered.get_json()
+    body = delivered.get_json()
+    assert body["outcome"] == "delivered" and body["event"] == "paid"
+    assert delivered.headers["Location"] == f"/api/runs/{body['runId']}"
+    done = wait_for_status(client, key, body["runId"], "Completed", timeout=15)
+    assert done["output"] == {"result": {"order": "A-1", "paid": {"amount": 40}}}
+
+    # The chain has ended: another is refused, naming why
+    late = client.post(route, json={"payload": 1}, headers=auth(key))
+    assert late.status_code == 409 and "Completed" in late.get_json()["detail"]
+
+
+def test_an_event_before_its_wait_is_kept_and_a_retry_with_its_key_is_one_delivery(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key = key_of(runtime, "acme")
+    tenant = runtime.tenants.ensure_tenant("acme")
+    first = runtime.runs.create(
+        NewRun(tenant_id=tenant, agent="await-payment", kind="workflow", input={})
+    ).id  # written, not sent: its wait is not open yet
+    route = f"/api/workflows/runs/{first}/events/paid"
+    headers = auth(key, **{"Idempotency-Key": "pay-1"})
+
+    kept = client.post(route, json={"payload": "card"}, headers=headers)
+    again = client.post(route, json={"payload": "card"}, headers=headers)
+
+    assert kept.status_code == again.status_code == 202
+    assert (
+        kept.get_json()
+        == again.get_json()
+        == {
+            "runId": first,
+            "status": "Queued",
+            "event": "paid",
+            "outcome": "kept",
+        }
+    )
+    assert runtime.workflow_store.kept_events(first, "paid") == 1
+    assert runtime.executor.execute(first) == "Completed"
+    assert run_output(runtime, first) == {"result": {"order": "A-1", "paid": "card"}}
+
+
+def test_events_are_refused_for_another_tenants_run_and_for_bad_input(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    tenant = runtime.tenants.ensure_tenant("acme")
+    first = runtime.runs.create(
+        NewRun(tenant_id=tenant, agent="await-payment", kind="workflow", input={})
+    ).id
+    other = key_of(runtime, "globex")
+    mine = key_of(runtime, "acme")
+    route = f"/api/workflows/runs/{first}/events/paid"
+
+    assert client.post(route, json={"payload": 1}, headers=auth(other)).status_code == 404
+    bad = client.post(route, json={"payload": 1, "extra": 2}, headers=auth(mine))
+    assert bad.status_code == 400 and bad.get_json()["field"] == "extra"
+    long_name = client.post(
+        f"/api/workflows/runs/{first}/events/{'x' * 201}", json={}, headers=auth(mine)
+    )
+    assert long_name.status_code == 400 and long_name.get_json()["field"] == "name"
+    assert runtime.workflow_store.kept_events(first) == 0
+
+
+def run_output(runtime: Runtime, run_id: str) -> Any:
+    run = runtime.runs.get(run_id)
+    assert run is not None
+    return run.output

@@ -221,17 +221,38 @@ class WorkflowNode(Base):
     """
 
     __tablename__ = "workflow_nodes"
-    __table_args__ = (UniqueConstraint("run_id", "node", name="uq_workflow_nodes_run_node"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "node", name="uq_workflow_nodes_run_node"),
+        Index("ix_workflow_nodes_status_due", "status", "due_at"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     node: Mapped[str] = mapped_column(String(300))
-    kind: Mapped[str] = mapped_column(String(20))  # step | agent | ask
+    kind: Mapped[str] = mapped_column(String(20))  # step | agent | ask | timer | event
     status: Mapped[str] = mapped_column(String(20))  # completed | asked | answered
     payload: Mapped[dict[str, Any] | None]
-    result: Mapped[dict[str, Any] | None]  # {"value": ...}
+    result: Mapped[dict[str, Any] | None]  # {"value": ...}, and `"timedOut": true` for an event
     created_at: Mapped[datetime]
     answered_at: Mapped[datetime | None]
+    due_at: Mapped[datetime | None]  # a waiting timer's time, an event wait's timeout
+
+
+class WorkflowEvent(Base):
+    """An event delivered to a workflow's chain that no node waited for yet: the chain's
+    `ctx.wait_for(name)` takes it (oldest first, once: `consumed_at`)."""
+
+    __tablename__ = "workflow_events"
+    __table_args__ = (Index("ix_workflow_events_waiting", "chain_id", "name", "consumed_at", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    chain_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))  # the chain's first run
+    name: Mapped[str] = mapped_column(String(200))
+    payload: Mapped[dict[str, Any] | None]  # {"value": ...}
+    created_at: Mapped[datetime]
+    consumed_at: Mapped[datetime | None]
+    consumed_by: Mapped[str | None] = mapped_column(String(36))  # the run that took it
 
 
 class TenantQuotaOverride(Base):

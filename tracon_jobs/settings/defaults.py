@@ -89,6 +89,14 @@ RESUME_INTERRUPTED_RUNS: Final = False
 """Off, the reliability guide's default: an interrupted workflow step runs again when resumed, which
 only the workflow's author can declare safe."""
 
+TIMER_SCAN_INTERVAL: Final = timedelta(seconds=1)
+"""How often beat continues the workflows whose timer (`ctx.sleep`) or event wait's timeout is
+due: a timer fires within about this much of its time."""
+
+BUFFER_EVENTS: Final = True
+"""On: an event delivered to a workflow before it waits for it is kept until `ctx.wait_for` takes
+it; off, such a delivery is refused (`409`)."""
+
 MAX_RESUME_ATTEMPTS: Final = 1
 """Continuations of one interrupted workflow chain before its job fails."""
 

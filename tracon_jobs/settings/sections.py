@@ -189,7 +189,8 @@ class RunContinuationSettings(ConfigModel):
 
 
 class WorkflowsSettings(ConfigModel):
-    """Checkpoints, and resuming interrupted workflow runs from them."""
+    """Checkpoints, resuming interrupted workflow runs from them, and the waits of a
+    workflow on time and on events."""
 
     enable_checkpointing: Flag = defaults.ENABLE_CHECKPOINTING
     resume_interrupted_runs: Annotated[Flag, Rule("needs `EnableCheckpointing`")] = (
@@ -198,6 +199,8 @@ class WorkflowsSettings(ConfigModel):
     max_resume_attempts: Annotated[WholeNumber, between(0, defaults.MAX_RESUME_ATTEMPTS_LIMIT)] = (
         defaults.MAX_RESUME_ATTEMPTS
     )
+    timer_scan_interval: PositiveDuration = defaults.TIMER_SCAN_INTERVAL
+    buffer_events: Flag = defaults.BUFFER_EVENTS
 
     @model_validator(mode="after")
     def _resume_needs_checkpoints(self) -> WorkflowsSettings:

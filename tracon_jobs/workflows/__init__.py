@@ -1,7 +1,15 @@
 """Durable workflows: Python functions whose nodes are checkpointed, which can wait for a
-person, and which resume from their checkpoints after an operator's resume or a crash."""
+person, for a time or for an event without holding a worker, and which resume from their
+checkpoints after an operator's resume or a crash."""
 
-from tracon_jobs.workflows.context import WorkflowContext
+from tracon_jobs.workflows.context import TIMED_OUT, WorkflowContext
 from tracon_jobs.workflows.registry import WorkflowRegistry, WorkflowSpec, registry, workflow
 
-__all__ = ["WorkflowContext", "WorkflowRegistry", "WorkflowSpec", "registry", "workflow"]
+__all__ = [
+    "TIMED_OUT",
+    "WorkflowContext",
+    "WorkflowRegistry",
+    "WorkflowSpec",
+    "registry",
+    "workflow",
+]

@@ -6,7 +6,16 @@ hand it: code, not a graph.
         order = ctx.step("load-order", load_order, input["orderId"])     # function node
         draft = ctx.agent("support", f"Draft a reply about {order}")      # agent node
         answer = ctx.ask("approve-reply", {"draft": draft})               # waits for a person
-        return {"reply": answer["text"]}
+        ctx.sleep(timedelta(hours=1))                                     # a durable timer
+        paid = ctx.wait_for("payment", timeout=timedelta(days=2))         # an external event
+        if paid is TIMED_OUT:
+            return {"reply": answer["text"], "paid": False}
+        return {"reply": answer["text"], "paid": True}
+
+A wait (`ask`, `sleep`, `wait_for`) ends the run `Waiting` without holding a worker; what
+answers it (a person, the timer scan of beat, `POST /api/workflows/runs/{id}/events/{name}`,
+the wait's timeout) writes the run that continues the chain, which replays the function to
+the wait and goes on from its answer.
 
 Each node is named; the n-th call of a name in one execution is node `name#n`. With
 `Workflows.EnableCheckpointing` every finished node's result is committed before the
@@ -18,6 +27,7 @@ runs again (make it idempotent with `ctx.idempotency_key`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
@@ -25,6 +35,19 @@ from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db.models import Run
 
 T = TypeVar("T")
+
+
+class _TimedOut:
+    """What `ctx.wait_for` returns when its timeout came before the event (falsy)."""
+
+    def __repr__(self) -> str:
+        return "TIMED_OUT"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+TIMED_OUT = _TimedOut()
 
 
 class Nodes(Protocol):
@@ -48,6 +71,10 @@ class Nodes(Protocol):
     def agent(self, name: str, agent: str, message: str) -> str: ...
 
     def ask(self, name: str, payload: Any) -> Any: ...
+
+    def sleep(self, name: str, until: datetime | timedelta) -> None: ...
+
+    def wait_for(self, name: str, event: str, timeout: timedelta | None) -> Any: ...
 
     def report_usage(self, amount: Decimal, currency: str) -> None: ...
 
@@ -111,7 +138,45 @@ class WorkflowContext:
         `POST /api/workflows/runs/{id}/respond` answers it in the run that continues it."""
         return self._execution.ask(name, payload)
 
+    def sleep(self, duration: timedelta | float, *, name: str = "sleep") -> None:
+        """A durable timer: the run waits `duration` (a `timedelta`, or seconds) without
+        holding a worker, and the timer scan of beat continues it then, within about
+        `Workflows.TimerScanInterval`. It survives a worker's or beat's restart; the time
+        waited does not count toward `AgentGraph.MaxDuration`; a cancel ends it."""
+        self._execution.sleep(name, _duration("duration", duration))
+
+    def sleep_until(self, when: datetime, *, name: str = "sleep") -> None:
+        """`sleep` until `when` (a naive `datetime` is UTC); a time passed returns at once."""
+        if not isinstance(when, datetime):
+            raise TypeError(f"sleep_until takes a datetime, not {type(when).__name__}")
+        self._execution.sleep(name, when)
+
+    def wait_for(
+        self,
+        event: str,
+        *,
+        timeout: timedelta | float | None = None,
+        name: str | None = None,
+    ) -> Any:
+        """Wait for the event `event` (`POST /api/workflows/runs/{id}/events/{event}`, the
+        CLI's `workflows event`, the console) and return its payload, or `TIMED_OUT` when
+        `timeout` passes first. An event delivered before this wait is kept for it
+        (`Workflows.BufferEvents`) and returned at once, oldest first."""
+        if not event or len(event) > 200:
+            raise ValueError("an event's name is 1 to 200 characters")
+        limit = None if timeout is None else _duration("timeout", timeout)
+        return self._execution.wait_for(name or f"event:{event}", event, limit)
+
     def report_usage(self, amount: Decimal | float, currency: str) -> None:
         """What a node spent beyond tokens; it counts against `AgentGraph.MaxTotalCost`
         when `currency` is `Pricing.Currency`."""
         self._execution.report_usage(Decimal(str(amount)), currency)
+
+
+def _duration(what: str, value: timedelta | float) -> timedelta:
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise TypeError(f"{what} is a timedelta or seconds, not {type(value).__name__}")
+    duration = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if duration < timedelta(0):
+        raise ValueError(f"{what} must not be negative (got {duration})")
+    return duration

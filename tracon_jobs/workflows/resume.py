@@ -1,5 +1,6 @@
-"""Starting the run that continues a workflow chain: a person's answer, an operator's resume,
-or the job's next attempt at a run whose process died.
+"""Starting the run that continues a workflow chain: a person's answer, a timer's firing, an
+event delivered (or its wait's timeout), an operator's resume, or the job's next attempt at a
+run whose process died.
 
 Each continuation is a new run in the same session whose `continuedFromRunId` names the run
 it continues; its budget starts from everything the chain spent. An answer, a resume, and
@@ -14,16 +15,35 @@ attempt of the run they continue, so they never use up the job's automatic attem
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import EnqueueError
+from tracon_jobs.limits.tree import MAX_CHAIN
 from tracon_jobs.runs.dispatch import RunDispatcher, submission
+from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.settings import Settings
-from tracon_jobs.workflows.store import WorkflowStore
+from tracon_jobs.workflows.store import RequestConflict, WorkflowStore
 
 log = logging.getLogger(__name__)
+
+
+DUE_BATCH = 200
+"""Waits the timer scan answers per query; a pass reads again until fewer come back."""
+DUE_BATCHES = 50
+"""The most batches one pass answers (10,000 waits); the next pass takes the rest."""
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """Where an event went: the run that continues the chain with it, or (`kept`) the run
+    it waits for, to be taken by its chain's next `ctx.wait_for` of that name."""
+
+    run: Run
+    kept: bool
 
 
 class WorkflowResumes:
@@ -57,6 +77,89 @@ class WorkflowResumes:
         request that answers is bound to no connection (`Prefer: respond-async`)."""
         with submission(continuation(run, run.attempt, resumable)) as new:
             return self._send(self.store.answer(run, answer, new))
+
+    def fire_due(self, now: datetime) -> int:
+        """Answer every timer and event timeout due by `now` (of runs still `Waiting`), each
+        in the run that continues its chain; how many were answered here. Two passes racing
+        answer each wait once: the loser's answer is a `RequestConflict`."""
+        fired = 0
+        for _ in range(DUE_BATCHES):
+            due = self.store.due(now, DUE_BATCH)
+            for wait in due:
+                run = self.store.runs.get(wait.run_id)
+                if run is None:
+                    continue
+                timed_out = wait.kind == "event"
+                try:
+                    with submission(continuation(run, run.attempt, run.resumable)) as new:
+                        answered = self.store.answer(
+                            run, None, new, kind=wait.kind, node=wait.node, timed_out=timed_out
+                        )
+                except RequestConflict:
+                    continue  # answered meanwhile (an event, a cancel, another pass)
+                self._send(answered)
+                fired += 1
+            if len(due) < DUE_BATCH:
+                break
+        return fired
+
+    def deliver(self, run: Run, name: str, payload: Any) -> Delivered:
+        """Deliver the event `name` to the chain of `run` (any run of it): it answers the
+        chain's wait for it, else it is kept for the chain's next `ctx.wait_for(name)` with
+        `Workflows.BufferEvents` (`RequestConflict` without it, or when the chain ended)."""
+        latest = self.latest(run)
+        waiting = self.store.request_of(latest.id)
+        if waiting is not None and waiting.kind == "event" and _event_of(waiting.payload) == name:
+            try:
+                with submission(continuation(latest, latest.attempt, latest.resumable)) as new:
+                    answered = self.store.answer(
+                        latest, payload, new, kind="event", node=waiting.node
+                    )
+                return Delivered(self._send(answered), kept=False)
+            except RequestConflict:
+                latest = self.latest(latest)  # answered by its timeout: kept, as below
+        if not self.settings.workflows.buffer_events:
+            raise RequestConflict(
+                f"run '{latest.id}' is not waiting for event '{name}' "
+                "(Workflows.BufferEvents is off: nothing is kept)"
+            )
+        if RunStatus(latest.status).is_terminal:
+            raise RequestConflict(f"run '{latest.id}' is {latest.status}: nothing will wait")
+        chain_id = self.store.chain(latest)[-1]
+        self.store.keep_event(latest.tenant_id, chain_id, name, payload)
+        taken = self.give_kept_event(latest.id)  # its wait was written meanwhile: take it now
+        return Delivered(taken or latest, kept=taken is None)
+
+    def give_kept_event(self, run_id: str) -> Run | None:
+        """If the run waits for an event its chain was sent already, answer the wait with
+        the oldest one (the run that continues the chain); None otherwise. Called by both
+        sides after their own commit, the wait's and the delivery's, so the later one finds
+        the other."""
+        waiting = self.store.request_of(run_id)
+        run = self.store.runs.get(run_id)
+        if waiting is None or waiting.kind != "event" or run is None:
+            return None
+        kept = (self.store.chain(run)[-1], _event_of(waiting.payload))
+        try:
+            with submission(continuation(run, run.attempt, run.resumable)) as new:
+                answered = self.store.answer(
+                    run, None, new, kind="event", node=waiting.node, buffered=kept
+                )
+        except RequestConflict:
+            return None  # nothing kept, or answered meanwhile
+        return self._send(answered)
+
+    def latest(self, run: Run) -> Run:
+        """The run of `run`'s chain that is last now (it, or the run that continues it...)."""
+        for _ in range(MAX_CHAIN):
+            following = (run.output or {}).get("continuedIn") if run.status == "Completed" else None
+            if not following:
+                return run
+            found = self.store.runs.get(str(following))
+            if found is None:
+                return run
+            run = found
+        return run
 
     def resume(self, run: Run, *, resumable: bool) -> Run:
         """Resume a `Failed` workflow run from its latest checkpoint (`ResumeConflict` else)."""
@@ -92,3 +195,8 @@ def continuation(run: Run, attempt: int, resumable: bool) -> NewRun:
         resumable=resumable,
         continues_trace=run.traceparent,
     )
+
+
+def _event_of(payload: dict[str, Any] | None) -> str:
+    """The event name an `event` node waits for (its payload's `event`)."""
+    return str((payload or {}).get("event") or "")

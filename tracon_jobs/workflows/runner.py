@@ -4,7 +4,8 @@ chain's checkpoints, run the rest, and end with one fenced final write (or `Wait
     claim -> chain read once (all of it, or the run fails before its first node)
           -> budget of the logical run (the chain's spend carried)
           -> fn(ctx, input): per node: checkpoint? replay : [budget gate -> run -> checkpoint]
-          -> Completed {result} | Failed | Canceled | Waiting (a question for a person)
+          -> Completed {result} | Failed | Canceled
+             | Waiting (a question for a person, a timer, an event: `Waits`)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -31,9 +33,9 @@ from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import SubAgents
 from tracon_jobs.settings import Settings
 from tracon_jobs.tracing import genai
-from tracon_jobs.workflows.context import WorkflowContext
+from tracon_jobs.workflows.context import TIMED_OUT, WorkflowContext
 from tracon_jobs.workflows.registry import WorkflowRegistry
-from tracon_jobs.workflows.store import Recorded, WorkflowStore
+from tracon_jobs.workflows.store import WAITS, Recorded, WorkflowStore
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +48,25 @@ class WorkflowStop(BaseException):
         self.error = error
 
 
-class WaitingForAnswer(BaseException):
-    """`ctx.ask` found no answer in the chain: the run waits for a person."""
+class Waits(BaseException):
+    """The function reached a wait the chain has no answer for: the run waits (`Waiting`,
+    no thread held) for a person (`ask`), a time (`timer`) or an event (`event`)."""
 
-    def __init__(self, node: str, payload: Any) -> None:
+    def __init__(
+        self,
+        node: str,
+        kind: str,
+        *,
+        payload: Any = None,
+        until: datetime | timedelta | None = None,
+        event: str = "",
+    ) -> None:
         super().__init__(node)
         self.node = node
+        self.kind = kind
         self.payload = payload
+        self.until = until  # a timer's time, an event wait's timeout (None: none)
+        self.event = event
 
 
 class WorkflowRunner:
@@ -69,6 +83,7 @@ class WorkflowRunner:
         children: SubAgents,
         run_inline: Callable[[str], object],
         quotas: Quotas | None = None,
+        event_waited: Callable[[str], object] | None = None,
     ) -> None:
         self.settings = settings
         self.runs = runs
@@ -78,6 +93,7 @@ class WorkflowRunner:
         self.children = children
         self.run_inline = run_inline  # executes a child nobody claimed, on this thread
         self.quotas = quotas  # tenants' cost quotas, checked where the budget is
+        self.event_waited = event_waited  # gives a run that now waits the event kept for it
 
     def knows(self, name: str) -> bool:
         return self.registry.knows(name)
@@ -98,10 +114,10 @@ class WorkflowRunner:
             result = spec.function(WorkflowContext(execution), dict(run.input or {}))
             json.dumps(result)
             execution.flush_replays()
-        except WaitingForAnswer as waiting:
+        except Waits as waiting:
             execution.flush_replays()
-            self.store.ask(claim, waiting.node, waiting.payload)
-            log.info("workflow run %s waits for an answer to %s", run.id, waiting.node)
+            self._wait(claim, waiting)
+            log.info("workflow run %s waits (%s) at %s", run.id, waiting.kind, waiting.node)
             return RunStatus.WAITING
         except WorkflowStop as stop:
             return self._finish(claim, RunStatus.FAILED, error=stop.error)
@@ -116,6 +132,18 @@ class WorkflowRunner:
             return self._finish(claim, RunStatus.FAILED, error=error)
         return self._finish(claim, RunStatus.COMPLETED, output={"result": result})
 
+    def _wait(self, claim: Claim, waiting: Waits) -> None:
+        if waiting.kind == "ask":
+            self.store.ask(claim, waiting.node, waiting.payload)
+        elif waiting.kind == "timer":
+            assert waiting.until is not None, "a timer has its time"
+            self.store.sleep(claim, waiting.node, waiting.until)
+        else:
+            timeout = waiting.until if isinstance(waiting.until, timedelta) else None
+            self.store.await_event(claim, waiting.node, waiting.event, timeout)
+            if self.event_waited is not None:  # an event kept while the wait was written
+                self.event_waited(claim.run_id)
+
     def _prepare(self, claim: Claim, run: Run, signal: AbortSignal) -> WorkflowExecution:
         chain = self.store.chain(run)
         limits = Limits.from_settings(self.settings.agent_graph)
@@ -125,9 +153,10 @@ class WorkflowRunner:
         return WorkflowExecution(self, claim, run, signal, budget, recorded, logical_id=chain[-1])
 
     def _replayable(self, chain: list[str]) -> dict[str, Recorded]:
-        """What the replay answers: the people's answers of the whole chain (they are input,
-        not results), and the checkpoints of the runs since the job last started the
-        workflow again from its first node (none without `EnableCheckpointing`)."""
+        """What the replay answers: the answers to the waits of the whole chain (a person's,
+        a timer's firing, an event: they are input, not results), and the checkpoints of
+        the runs since the job last started the workflow again from its first node (none
+        without `EnableCheckpointing`)."""
         recorded = self.store.recorded(chain)
         counted: set[str] = set()
         if self.settings.workflows.enable_checkpointing:
@@ -135,7 +164,7 @@ class WorkflowRunner:
         return {
             node: hit
             for node, hit in recorded.items()
-            if hit.kind == "ask" or hit.run_id in counted
+            if hit.kind in WAITS or hit.run_id in counted
         }
 
     def _finish(
@@ -243,7 +272,31 @@ class WorkflowExecution:
             return hit.value
         json.dumps(payload)
         tracing.current_span().event("tracon.workflow.ask", {"tracon.workflow.node": node})
-        raise WaitingForAnswer(node, payload)
+        raise Waits(node, "ask", payload=payload)
+
+    def sleep(self, name: str, until: datetime | timedelta) -> None:
+        node = self._next(name)
+        if self._replay(node, "timer") is not None:
+            return
+        if until <= timedelta(0) if isinstance(until, timedelta) else _passed(until):
+            return  # nothing to wait for: no timer, the same on every replay
+        self._ensure_live()
+        tracing.current_span().event("tracon.workflow.sleep", {"tracon.workflow.node": node})
+        raise Waits(node, "timer", until=until)
+
+    def wait_for(self, name: str, event: str, timeout: timedelta | None) -> Any:
+        node = self._next(name)
+        hit = self._replay(node, "event")
+        if hit is not None:
+            return TIMED_OUT if hit.timed_out else hit.value
+        self._ensure_live()
+        self.flush_replays()
+        kept = self.runner.store.take_event(self.claim, node, self.logical_id, event)
+        if kept is not None:  # delivered before this wait: taken now, no waiting
+            return kept.value
+        attributes = {"tracon.workflow.node": node, "tracon.workflow.event": event}
+        tracing.current_span().event("tracon.workflow.wait_for", attributes)
+        raise Waits(node, "event", until=timeout, event=event)
 
     def report_usage(self, amount: Decimal, currency: str) -> None:
         counted = currency == self.runner.settings.pricing.currency and amount > 0
@@ -298,6 +351,12 @@ class WorkflowExecution:
     def _ensure_live(self) -> None:
         if self.signal.aborted:
             raise stopped(self.signal)
+
+
+def _passed(when: datetime) -> bool:
+    """Whether `when` (a naive one is UTC) is now or before."""
+    aware = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    return aware <= datetime.now(UTC)
 
 
 def _database_error(exc: SQLAlchemyError) -> str:

@@ -1,27 +1,40 @@
-"""SQL persistence of workflow runs: checkpoints, human requests, and continuing a chain.
+"""SQL persistence of workflow runs: checkpoints, waits, and continuing a chain.
 
 Every write is one transaction with its events: a checkpoint is one fenced insert; a
-request puts the run `Waiting`; an answer closes the waiting run and writes the run that
-continues it together, so a crash can never leave an answered request without its run.
+wait (a question for a person, a timer, an event) puts the run `Waiting`; an answer (the
+person's, the timer's firing, the event) closes the waiting run and writes the run that
+continues it together, so a crash can never leave an answered wait without its run, and
+two answers racing (a delivery and a timeout, two beats) leave one: the node moves from
+`asked` to `answered` once.
+
+An event delivered before its workflow waits for it is kept in `workflow_events` (with
+`Workflows.BufferEvents`), keyed by the chain's first run; a wait takes the oldest of its
+name, once. Both sides look at the other after their own commit (`pump`): whichever commits
+second finds the first, so an event racing its wait is never lost.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy.orm import Session
 
 from tracon_jobs.db.engine import StatementClock
-from tracon_jobs.db.models import Run, WorkflowNode
+from tracon_jobs.db.models import Run, WorkflowEvent, WorkflowNode
 from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.limits.tree import MAX_CHAIN, ChainUnreadable
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runs.reconcile import JOB_RESTARTED
-from tracon_jobs.runs.store import Event, NewRun, RunStore
+from tracon_jobs.runs.store import Event, NewRun, RunStore, iso
 
 NODES = cast(Table, WorkflowNode.__table__)
+EVENTS = cast(Table, WorkflowEvent.__table__)
+WAITS = ("ask", "timer", "event")
+"""The kinds of node a run waits on; their answers are the chain's input, replayed always."""
 RUNS = cast(Table, Run.__table__)
 _NOW = StatementClock()
 
@@ -34,6 +47,16 @@ class Recorded:
     kind: str
     value: Any
     run_id: str
+    timed_out: bool = False  # an event wait whose timeout came first
+
+
+@dataclass(frozen=True)
+class Due:
+    """A waiting node whose time has come: a timer, or an event wait's timeout."""
+
+    run_id: str
+    node: str
+    kind: str
 
 
 class RequestConflict(Exception):
@@ -79,8 +102,9 @@ class WorkflowStore:
             rows = session.execute(query).all()
         found: dict[str, Recorded] = {}
         for row in sorted(rows, key=lambda r: order[r.run_id], reverse=True):
+            result = row.result or {}
             found[row.node] = Recorded(
-                row.node, row.kind, (row.result or {}).get("value"), row.run_id
+                row.node, row.kind, result.get("value"), row.run_id, bool(result.get("timedOut"))
             )
         return found
 
@@ -131,40 +155,169 @@ class WorkflowStore:
     @rides_out_outages
     def ask(self, claim: Claim, node: str, payload: Any) -> None:
         """Record a question for a person and put the run `Waiting`, in one transaction."""
+        data = {"node": node, "payload": payload}
+        self._wait(claim, node, "ask", {"value": payload}, None, "WorkflowRequestCreated", data)
+
+    @rides_out_outages
+    def sleep(self, claim: Claim, node: str, until: datetime | timedelta) -> None:
+        """Put the run `Waiting` until `until` (a time in UTC, or a delay from the database's
+        now): the timer scan continues it then (`due`)."""
+        self._wait(claim, node, "timer", None, until, "WorkflowTimerStarted", {"node": node})
+
+    @rides_out_outages
+    def await_event(self, claim: Claim, node: str, name: str, timeout: timedelta | None) -> None:
+        """Put the run `Waiting` for the event `name` (its timeout, if any, fires as the timer
+        scan's `due`)."""
+        data = {"node": node, "event": name}
+        payload = {"event": name}
+        self._wait(claim, node, "event", payload, timeout, "WorkflowEventAwaited", data)
+
+    def _wait(
+        self,
+        claim: Claim,
+        node: str,
+        kind: str,
+        payload: dict[str, Any] | None,
+        until: datetime | timedelta | None,
+        type_: str,
+        data: dict[str, Any],
+    ) -> None:
         events: list[Event] = []
         with self.db.write() as session:
-            data = {"node": node, "payload": payload}
-            events.append(self.runs.append_in(session, claim, "WorkflowRequestCreated", data))
-            events.append(self.runs.append_in(session, claim, "RunWaiting", {"request": node}))
+            now = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
+            due = now + until if isinstance(until, timedelta) else _naive_utc(until)
+            if due is not None:
+                data = {**data, "until": iso(due)}
+            events.append(self.runs.append_in(session, claim, type_, data))
+            waiting = {"request": node, "reason": kind}
+            events.append(self.runs.append_in(session, claim, "RunWaiting", waiting))
             session.execute(
                 insert(NODES).values(
                     run_id=claim.run_id,
                     node=node,
-                    kind="ask",
+                    kind=kind,
                     status="asked",
-                    payload={"value": payload},
+                    payload=payload,
                     created_at=events[0].at,
+                    due_at=due,
                 )
             )
             self.runs.wait_in(session, claim, events[-1].at)
         for event in events:
             self.runs.publish(event)
 
+    @rides_out_outages
+    def take_event(self, claim: Claim, node: str, chain_id: str, name: str) -> Recorded | None:
+        """The oldest event `name` delivered to the chain before it waited, taken once and
+        recorded as `node`'s answer (one fenced transaction); None when none is kept."""
+        with self.db.write() as session:
+            now = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
+            value = _take_buffered(session, chain_id, name, claim.run_id, now)
+            if value is None:
+                return None
+            data = {"node": node, "event": name, "buffered": True}
+            event = self.runs.append_in(session, claim, "WorkflowEventReceived", data)
+            session.execute(
+                insert(NODES).values(
+                    run_id=claim.run_id,
+                    node=node,
+                    kind="event",
+                    status="answered",
+                    payload={"event": name},
+                    result={"value": value[0]},
+                    created_at=event.at,
+                    answered_at=now,
+                )
+            )
+        self.runs.publish(event)
+        return Recorded(node, "event", value[0], claim.run_id)
+
+    @rides_out_outages
+    def keep_event(self, tenant_id: str, chain_id: str, name: str, payload: Any) -> int:
+        """Keep an event for the chain's `ctx.wait_for(name)`; its id."""
+        with self.db.write() as session:
+            now = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
+            return int(
+                session.execute(
+                    insert(EVENTS)
+                    .values(
+                        tenant_id=tenant_id,
+                        chain_id=chain_id,
+                        name=name,
+                        payload={"value": payload},
+                        created_at=now,
+                    )
+                    .returning(EVENTS.c.id)
+                ).scalar_one()
+            )
+
+    def kept_events(self, chain_id: str, name: str | None = None) -> int:
+        """How many events the chain was sent that no wait has taken yet."""
+        query = select(func.count()).where(
+            EVENTS.c.chain_id == chain_id, EVENTS.c.consumed_at.is_(None)
+        )
+        if name is not None:
+            query = query.where(EVENTS.c.name == name)
+        with self.db.read() as session:
+            return int(session.execute(query).scalar_one())
+
+    @rides_out_outages
+    def due(self, now: datetime, limit: int) -> list[Due]:
+        """Waiting nodes whose time came (timers, event timeouts) of runs still `Waiting`,
+        the earliest first."""
+        query = (
+            select(NODES.c.run_id, NODES.c.node, NODES.c.kind)
+            .join(RUNS, RUNS.c.id == NODES.c.run_id)
+            .where(
+                NODES.c.status == "asked",
+                NODES.c.due_at <= now,
+                RUNS.c.status == RunStatus.WAITING.value,
+            )
+            .order_by(NODES.c.due_at)
+            .limit(limit)
+        )
+        with self.db.read() as session:
+            return [Due(row.run_id, row.node, row.kind) for row in session.execute(query)]
+
     # -- continuing a chain ------------------------------------------------------------------
 
-    def answer(self, run: Run, answer: Any, new: NewRun) -> Run:
-        """Answer the waiting run's request, close it, and write the run that continues it."""
+    def answer(
+        self,
+        run: Run,
+        answer: Any,
+        new: NewRun,
+        *,
+        kind: str = "ask",
+        node: str | None = None,
+        timed_out: bool = False,
+        buffered: tuple[str, str] | None = None,
+    ) -> Run:
+        """Answer what the waiting run waits on (a `kind` node; `node` when named), close it,
+        and write the run that continues it. `timed_out`: an event wait's timeout answers
+        it; `buffered` (chain id, name): the answer is the oldest event kept for the chain
+        under that name, taken in the same transaction (`RequestConflict` when none is)."""
         events: list[Event] = []
         with self.db.write() as session:
             now = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
+            if buffered is not None:
+                taken = _take_buffered(session, *buffered, new.id, now)
+                if taken is None:
+                    raise RequestConflict(f"no event '{buffered[1]}' is kept for run '{run.id}'")
+                answer = taken[0]
+            result: dict[str, Any] = {"value": answer}
+            if timed_out:
+                result["timedOut"] = True
+            where = [NODES.c.run_id == run.id, NODES.c.status == "asked", NODES.c.kind == kind]
+            if node is not None:
+                where.append(NODES.c.node == node)
             answered = session.execute(
                 update(NODES)
-                .where(NODES.c.run_id == run.id, NODES.c.status == "asked")
-                .values(status="answered", result={"value": answer}, answered_at=now)
+                .where(*where)
+                .values(status="answered", result=result, answered_at=now)
                 .returning(NODES.c.node)
             ).scalar_one_or_none()
             if answered is None:
-                raise RequestConflict(f"run '{run.id}' is not waiting for an answer")
+                raise RequestConflict(f"run '{run.id}' is not waiting for {_WAITED[kind]}")
             waited = self.runs.complete_waiting_in(session, run.id, now, {"continuedIn": new.id})
             if waited is None:
                 raise RequestConflict(f"run '{run.id}' is no longer waiting")
@@ -199,3 +352,43 @@ class WorkflowStore:
         for event in events:
             self.runs.publish(event)
         return created
+
+
+_WAITED = {"ask": "an answer", "timer": "a timer", "event": "an event"}
+
+
+def _naive_utc(when: datetime | None) -> datetime | None:
+    """`when` as the database keeps times: UTC, without a zone (a naive one is UTC)."""
+    if when is None or when.tzinfo is None:
+        return when
+    return when.astimezone(UTC).replace(tzinfo=None)
+
+
+def _take_buffered(
+    session: Session, chain_id: str, name: str, taker: str, now: datetime
+) -> tuple[Any] | None:
+    """Mark the oldest kept event `name` of the chain taken by `taker`, inside the caller's
+    transaction; `(payload,)`, or None when none is kept (a racing taker's is not taken
+    twice: the update is guarded by `consumed_at IS NULL`)."""
+    for _ in range(3):
+        oldest = session.execute(
+            select(EVENTS.c.id)
+            .where(
+                EVENTS.c.chain_id == chain_id,
+                EVENTS.c.name == name,
+                EVENTS.c.consumed_at.is_(None),
+            )
+            .order_by(EVENTS.c.id)
+            .limit(1)
+        ).scalar_one_or_none()
+        if oldest is None:
+            return None
+        taken = session.execute(
+            update(EVENTS)
+            .where(EVENTS.c.id == oldest, EVENTS.c.consumed_at.is_(None))
+            .values(consumed_at=now, consumed_by=taker)
+            .returning(EVENTS.c.payload)
+        ).first()
+        if taken is not None:
+            return ((taken.payload or {}).get("value"),)
+    return None
