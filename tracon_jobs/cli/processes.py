@@ -11,6 +11,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.util import import_app
@@ -85,10 +86,32 @@ class WebApplication(BaseApplication):
         self.cfg.set("timeout", 0)  # SSE streams live as long as their runs
         self.cfg.set("graceful_timeout", 30)
         self.cfg.set("accesslog", "-")
+        self.cfg.set("logger_class", RedactingLogger)
         self.cfg.set("post_fork", _post_fork)
 
     def load(self) -> Any:
         return import_app(WEB_APP)
+
+
+LINKS_PATH = "/approvals/links/"
+CREDENTIAL_PATHS = re.compile(r"(/approvals/links/)[^/?\s\"]+")
+"""Paths whose last part is a credential: a one-time approval link's token decides alone."""
+
+
+class RedactingLogger(glogging.Logger):
+    """gunicorn's logger, whose access lines show `/approvals/links/<redacted>`: the link's
+    token is its credential and never reaches a log, whichever atom a format names (the
+    request line, the path, the referrer, a header or an environ variable)."""
+
+    def atoms(self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any) -> Any:
+        atoms = super().atoms(resp, req, environ, request_time)
+        seen = f"{environ.get('RAW_URI', '')} {environ.get('HTTP_REFERER', '')}"
+        if LINKS_PATH not in seen:  # every other request: nothing to look through
+            return atoms
+        for key, value in atoms.items():
+            if isinstance(value, str) and LINKS_PATH in value:
+                atoms[key] = CREDENTIAL_PATHS.sub(r"\1<redacted>", value)
+        return atoms
 
 
 def _post_fork(server: Any, worker: Any) -> None:
