@@ -20,6 +20,7 @@ RUN_STARTING_ENDPOINTS = frozenset(
         "workflows.run_workflow",
         "workflows.respond",
         "workflows.resume",
+        "workflows.deliver_event",
     }
 )
 

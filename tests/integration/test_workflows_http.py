@@ -184,7 +184,7 @@ def test_a_key_with_respond_async_replays_the_202(client: FlaskClient, runtime: 
     assert second.headers["Idempotency-Replayed"] == "true"
 
 
-def test_the_three_routes_answer_503_while_draining(runtime: Runtime) -> None:
+def test_the_run_starting_routes_answer_503_while_draining(runtime: Runtime) -> None:
     key = key_of(runtime, "acme")
     client = create_app(runtime, {"TESTING": True, "TRACON_DRAINING": True}).test_client()
 
@@ -192,6 +192,7 @@ def test_the_three_routes_answer_503_while_draining(runtime: Runtime) -> None:
         "/api/workflows/three-nodes/run",
         "/api/workflows/runs/x/respond",
         "/api/workflows/runs/x/resume",
+        "/api/workflows/runs/x/events/paid",
     ):
         response = client.post(path, json={}, headers=auth(key, **ASYNC))
         assert response.status_code == 503 and response.headers["Retry-After"]

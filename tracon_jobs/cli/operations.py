@@ -328,10 +328,40 @@ def cmd_workflows_respond(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+EVENT_NAME_MAX = 200
+"""The longest event name (`ctx.wait_for` and the route refuse a longer one)."""
+
+
+def cmd_workflows_event(args: argparse.Namespace, rest: list[str]) -> int:
+    """What `POST /api/workflows/runs/{id}/events/{name}` does: the same run lookup, the same
+    delivery and its conflicts; prints the outcome and its run (`delivered`: the run that
+    continues the chain; `kept`: the run it is kept for)."""
+    from tracon_jobs.workflows.store import RequestConflict
+
+    if not 1 <= len(args.name) <= EVENT_NAME_MAX:
+        raise CommandError(f"name: 1 to {EVENT_NAME_MAX} characters (got {len(args.name)})")
+    payload = None if args.payload is None and args.file is None else _json_of(args, "payload")
+    runtime = load_runtime()
+    run = _run(runtime, args.run_id, args.tenant)
+    if run.kind != "workflow":
+        raise CommandError(f"run '{args.run_id}' is not a workflow run")
+    try:
+        delivered = runtime.workflow_resumes.deliver(run, args.name, payload)
+    except RequestConflict as conflict:
+        raise CommandError(str(conflict)) from None
+    print(f"{'kept' if delivered.kept else 'delivered'} {delivered.run.id}")
+    return 0
+
+
 def _answer(args: argparse.Namespace) -> Any:
     """The answer: the JSON of `--answer`, or of the file `--file` names (`-`: stdin)."""
-    if args.answer is not None:
-        text, source = args.answer, "--answer"
+    return _json_of(args, "answer")
+
+
+def _json_of(args: argparse.Namespace, option: str) -> Any:
+    """The JSON of `--OPTION`, or of the file `--file` names (`-`: stdin)."""
+    if getattr(args, option) is not None:
+        text, source = getattr(args, option), f"--{option}"
     elif args.file == "-":
         text, source = sys.stdin.read(), "--file - (stdin)"
     else:
@@ -346,7 +376,7 @@ def _answer(args: argparse.Namespace) -> Any:
     except json.JSONDecodeError as exc:
         raise CommandError(
             f"{source} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
-            "a text answer is quoted: '\"yes\"'"
+            f"a text {option} is quoted: '\"yes\"'"
         ) from None
 
 

@@ -27,6 +27,7 @@ from tracon_jobs.cli.operations import (
     cmd_tenants_create,
     cmd_tenants_quota,
     cmd_tenants_weight,
+    cmd_workflows_event,
     cmd_workflows_list,
     cmd_workflows_respond,
     cmd_workflows_resume,
@@ -295,12 +296,14 @@ def add_approval_commands(command: Command) -> None:
 
 def add_workflow_commands(command: Command) -> None:
     """`workflows list`, `workflows runs --tenant T [--status S]`,
-    `workflows respond RUN_ID --tenant T (--answer JSON | --file F)` and
+    `workflows respond RUN_ID --tenant T (--answer JSON | --file F)`,
+    `workflows event RUN_ID NAME --tenant T [--payload JSON | --file F]` and
     `workflows resume RUN_ID --tenant T`."""
     group = command(
         "workflows",
         None,
-        "list workflows and their runs; answer a waiting one; resume a failed one",
+        "list workflows and their runs; answer a waiting one; send one an event; resume a "
+        "failed one",
     )
     wsub = group.add_subparsers(metavar="action")
     wlist = wsub.add_parser(
@@ -338,6 +341,29 @@ def add_workflow_commands(command: Command) -> None:
         "--file", metavar="PATH", help="read the answer's JSON from this file (`-`: stdin)"
     )
     respond.set_defaults(handler=cmd_workflows_respond, passthrough=False)
+    event = wsub.add_parser(
+        "event",
+        help="deliver an event to a workflow run's chain (ctx.wait_for)",
+        description="Deliver the event `name` to the chain of a workflow run (any run of it), as "
+        "POST /api/workflows/runs/{id}/events/{name} does: it answers the chain's "
+        "ctx.wait_for(name), and a new run continues the chain (prints `delivered` and that "
+        "run's id); with no such wait open yet it is kept for the chain's next one (prints "
+        "`kept` and the id of the run it is kept for; Workflows.BufferEvents).",
+    )
+    event.add_argument("run_id", help="a run of the workflow chain")
+    event.add_argument("name", help="the event's name (1 to 200 characters)")
+    event.add_argument("--tenant", required=True, help="tenant name or id")
+    payload = event.add_mutually_exclusive_group()
+    payload.add_argument(
+        "--payload",
+        metavar="JSON",
+        help="the payload as JSON (what ctx.wait_for returns; default null): "
+        "'{\"amount\": 5}', '\"card\"'",
+    )
+    payload.add_argument(
+        "--file", metavar="PATH", help="read the payload's JSON from this file (`-`: stdin)"
+    )
+    event.set_defaults(handler=cmd_workflows_event, passthrough=False)
     resume = wsub.add_parser(
         "resume",
         help="resume a Failed workflow run from its latest checkpoint",

@@ -6,13 +6,14 @@ approval of another tenant is a 404, exactly as in the API.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 from flask import flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import NotFound
+from werkzeug.exceptions import BadRequest, NotFound
 
 from tracon_jobs.db.models import Run, WorkflowNode
 from tracon_jobs.resilience.views import circuits_view
@@ -108,6 +109,62 @@ def respond(run_id: str) -> ResponseReturnValue:
     return redirect(url_for("console.run_page", run_id=continuation.id))
 
 
+@bp.post("/runs/<run_id>/event")
+def deliver_event(run_id: str) -> ResponseReturnValue:
+    """Deliver an event to the chain of a workflow run, as `POST
+    /api/workflows/runs/{id}/events/{name}` does; then show the run that goes on (delivered)
+    or the run it is kept for (kept, for the chain's next wait for it)."""
+    run = owned_run(run_id)
+    if run.kind != "workflow":
+        raise NotFound(f"There is no workflow run {run_id} in this tenant.")
+    name = request.form.get("event") or ""
+    if not 1 <= len(name) <= MAX_EVENT_NAME:
+        raise BadRequest(f"An event's name is 1 to {MAX_EVENT_NAME} characters.")
+    payload = payload_form()
+    if payload.error is not None:  # the page again, with what was typed and why it is refused
+        context = {**run_context(run), "payload": payload}
+        return render_template("console/run.html", **context), 400
+    if is_draining():
+        flash("Not delivered: this web node is draining before it stops; try again.", "error")
+        return redirect(url_for("console.run_page", run_id=run.id))
+    try:
+        delivered = runtime().workflow_resumes.deliver(run, name, payload.value)
+    except RequestConflict as conflict:
+        flash(f"Not delivered: {conflict}.", "error")
+        return redirect(url_for("console.run_page", run_id=run.id))
+    if delivered.kept:
+        flash(f"Event {name} kept: the workflow's next wait for it takes it.", "ok")
+    else:
+        flash(
+            f"Event {name} delivered. The workflow goes on in this run, after run {run.id[:8]}.",
+            "ok",
+        )
+    return redirect(url_for("console.run_page", run_id=delivered.run.id))
+
+
+MAX_EVENT_NAME = 200
+"""Characters of an event's name (as `ctx.wait_for` and the events route take it)."""
+
+
+def payload_form() -> forms.Answer:
+    """An event's payload as typed: any JSON, as `POST .../events/{name}` takes it (none is
+    null), at most `forms.MAX_ANSWER` characters."""
+    text = (request.form.get("payload") or "").strip()
+    if not text:
+        return forms.Answer(text, None)
+    if len(text) > forms.MAX_ANSWER:
+        return forms.Answer(
+            text, error=f"The payload is longer than {forms.MAX_ANSWER:,} characters."
+        )
+    try:
+        return forms.Answer(text, json.loads(text))
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}"
+        return forms.Answer(
+            text, error=f"The payload is not JSON ({exc.msg} at {where}); text goes in quotes."
+        )
+
+
 def owned_run(run_id: str) -> Run:
     run = runtime().runs.get(run_id, current_tenant())
     if run is None:
@@ -133,11 +190,15 @@ def run_context(run: Run) -> dict[str, Any]:
         "question": question_of(run),
         "answer": forms.Answer(""),
         "max_answer": forms.MAX_ANSWER,
+        "payload": forms.Answer(""),
     }
 
 
 def question_of(run: Run) -> WorkflowNode | None:
-    """The `ask` a waiting workflow run waits on (its node and payload), if any."""
+    """What a waiting workflow run waits on, if anything: its node (`kind` `ask`: a question
+    and its payload; `timer`: `due_at` its time; `event`: the event's name in `payload`,
+    `due_at` the wait's timeout, or None). The page shows it (`#workflow-question`), and the
+    live poll reloads the page when one appears."""
     if run.kind != "workflow" or run.status != RunStatus.WAITING.value:
         return None
     return runtime().workflow_store.request_of(run.id)
