@@ -74,6 +74,8 @@ def test_a_timer_outlives_a_killed_worker_and_a_restarted_beat_and_fires_once(
     assert done.created_at >= timer.at.replace(tzinfo=None) + timedelta(seconds=4) - timedelta(
         milliseconds=5
     )
+    slept = run_of(runtime, run_id)
+    assert slept.waited_ms >= 3_900  # asleep: not counted toward AgentGraph.MaxDuration
     continuations = [e for e in runtime.runs.events(run_id) if e.type == "RunContinued"]
     assert len(continuations) == 1
     assert len(lines(flags, "before-nap")) == 1 and len(lines(flags, "after-nap")) == 1
