@@ -467,7 +467,9 @@ class Runtime:
     @cached_property
     def workflow_resumes(self) -> WorkflowResumes:
         """Answers, operator resumes and job recoveries of workflow runs."""
-        return WorkflowResumes(self.settings, self.workflow_store, self.dispatcher)
+        return WorkflowResumes(
+            self.settings, self.workflow_store, self.dispatcher, self.workflow_registry
+        )
 
     @cached_property
     def continuations(self) -> Continuations:

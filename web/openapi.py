@@ -268,6 +268,11 @@ RUN_SCHEMA: dict[str, Any] = {
             "description": "The W3C traceparent of the run's submission span (null when "
             "untraced): its execution's spans are in this trace",
         },
+        "workflowVersion": {
+            "type": ["string", "null"],
+            "description": "a workflow run's code version, as the worker that executed it ran "
+            "it (declared, or a hash of its module's source); null for an agent run",
+        },
         "modelId": {"type": ["string", "null"]},
         "usage": USAGE,
         "cost": {
@@ -1295,6 +1300,11 @@ def workflow_paths(key: dict[str, Any]) -> dict[str, Any]:
                             "properties": {
                                 "name": {"type": "string"},
                                 "description": {"type": ["string", "null"]},
+                                "version": {
+                                    "type": "string",
+                                    "description": "its code version here: declared, or a hash "
+                                    "of its module's source",
+                                },
                             },
                         },
                         "the workflows",

@@ -63,7 +63,7 @@ def list_workflows() -> Response:
     for name in registry.names():
         spec = registry.get(name)
         assert spec is not None
-        items.append({"name": name, "description": spec.description})
+        items.append({"name": name, "description": spec.description, "version": spec.version})
     return jsonify({"items": items})
 
 
@@ -85,6 +85,7 @@ def run_workflow(name: str) -> Response | tuple[Response, int, dict[str, str]]:
                 currency=rt.settings.pricing.currency,
                 resumable=prefers_async(),  # a job owns it: bound to no connection
                 priority=body.priority,
+                workflow_version=rt.workflow_registry.version_of(name),
             )
         )
     return started(run, place)

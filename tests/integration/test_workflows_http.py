@@ -75,6 +75,7 @@ def test_start_async_then_respond_continues_the_chain(
     run_id = start_waiting(client, key)
     run = client.get(f"/api/runs/{run_id}", headers=auth(key)).get_json()
     assert run["kind"] == "workflow" and run["agent"] == "hundred"
+    assert run["workflowVersion"] == runtime.workflow_registry.version_of("hundred")
 
     answered = client.post(
         f"/api/workflows/runs/{run_id}/respond",
@@ -204,6 +205,8 @@ def test_the_registered_workflows_are_listed(client: FlaskClient, runtime: Runti
 
     names = [item["name"] for item in body["items"]]
     assert {"review", "three-nodes", "hundred"} <= set(names)
+    versions = {item["name"]: item["version"] for item in body["items"]}
+    assert versions["review"] == runtime.workflow_registry.version_of("review")
 
 
 def _all() -> Any:

@@ -109,6 +109,8 @@ class Run(Base):
     waited_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # MaxDuration excludes it
     resumable: Mapped[bool] = mapped_column(Boolean, default=False)  # a job owns it (async)
     traceparent: Mapped[str | None] = mapped_column(String(55))  # its submission's span
+    # a workflow run's code version, as the worker that executed it ran it (`workflows.registry`)
+    workflow_version: Mapped[str | None] = mapped_column(String(64))
 
 
 class RunEvent(Base):

@@ -32,6 +32,7 @@ def run_json(
         "continuedFromRunId": run.continued_from_run_id,
         "attempt": run.attempt,
         "traceparent": run.traceparent,
+        "workflowVersion": run.workflow_version,
         "modelId": run.model_id,
         "usage": {
             "inputTokens": run.input_tokens,

@@ -78,6 +78,8 @@ class Nodes(Protocol):
 
     def report_usage(self, amount: Decimal, currency: str) -> None: ...
 
+    def patched(self, change: str) -> bool: ...
+
 
 class WorkflowContext:
     """The handle a workflow function uses for every node it runs."""
@@ -171,6 +173,25 @@ class WorkflowContext:
         """What a node spent beyond tokens; it counts against `AgentGraph.MaxTotalCost`
         when `currency` is `Pricing.Currency`."""
         self._execution.report_usage(Decimal(str(amount)), currency)
+
+    def patched(self, change: str) -> bool:
+        """Whether this chain takes the code of the change `change` (1 to 200 characters):
+        True in a chain this version of the workflow wrote alone (a new one), False in a
+        chain another version wrote before (it began before the change), so the old path
+        stays for it:
+
+            if ctx.patched("fee-in-cents"):
+                fee = ctx.step("fee", fee_in_cents, order)
+            else:
+                fee = ctx.step("fee", fee_in_units, order)
+
+        The decision is recorded (a `patch` node, `WorkflowPatched`) and holds for the
+        chain: every later continuation replays it. A workflow whose code calls
+        `ctx.patched` replays chains other versions of it wrote (see "Deploying new workflow
+        code"); remove a patch, and its old path, once no chain older than it is in flight."""
+        if not change or len(change) > 200:
+            raise ValueError("a change's id is 1 to 200 characters")
+        return self._execution.patched(change)
 
 
 def _duration(what: str, value: timedelta | float) -> timedelta:

@@ -26,6 +26,7 @@ from tracon_jobs.runs.dispatch import RunDispatcher, submission
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.settings import Settings
+from tracon_jobs.workflows.registry import WorkflowRegistry
 from tracon_jobs.workflows.store import RequestConflict, WorkflowStore
 
 log = logging.getLogger(__name__)
@@ -49,10 +50,17 @@ class Delivered:
 class WorkflowResumes:
     """Answers, operator resumes and job attempts of workflow runs."""
 
-    def __init__(self, settings: Settings, store: WorkflowStore, dispatcher: RunDispatcher) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: WorkflowStore,
+        dispatcher: RunDispatcher,
+        registry: WorkflowRegistry | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.dispatcher = dispatcher
+        self.registry = registry  # the code here: the version a continuation is created with
 
     def has_attempts_left(self, run: Run) -> bool:
         """Whether the job of an interrupted queued run may start another run of the chain.
@@ -75,7 +83,7 @@ class WorkflowResumes:
         """Answer the question `run` waits on; the answer returns from `ctx.ask` in the run
         that continues it (`RequestConflict` when it waits for nothing). `resumable`: the
         request that answers is bound to no connection (`Prefer: respond-async`)."""
-        with submission(continuation(run, run.attempt, resumable)) as new:
+        with submission(self._continuation(run, run.attempt, resumable)) as new:
             return self._send(self.store.answer(run, answer, new))
 
     def fire_due(self, now: datetime) -> int:
@@ -91,7 +99,7 @@ class WorkflowResumes:
                     continue
                 timed_out = wait.kind == "event"
                 try:
-                    with submission(continuation(run, run.attempt, run.resumable)) as new:
+                    with submission(self._continuation(run, run.attempt, run.resumable)) as new:
                         answered = self.store.answer(
                             run, None, new, kind=wait.kind, node=wait.node, timed_out=timed_out
                         )
@@ -111,7 +119,9 @@ class WorkflowResumes:
         waiting = self.store.request_of(latest.id)
         if waiting is not None and waiting.kind == "event" and _event_of(waiting.payload) == name:
             try:
-                with submission(continuation(latest, latest.attempt, latest.resumable)) as new:
+                with submission(
+                    self._continuation(latest, latest.attempt, latest.resumable)
+                ) as new:
                     answered = self.store.answer(
                         latest, payload, new, kind="event", node=waiting.node
                     )
@@ -141,7 +151,7 @@ class WorkflowResumes:
             return None
         kept = (self.store.chain(run)[-1], _event_of(waiting.payload))
         try:
-            with submission(continuation(run, run.attempt, run.resumable)) as new:
+            with submission(self._continuation(run, run.attempt, run.resumable)) as new:
                 answered = self.store.answer(
                     run, None, new, kind="event", node=waiting.node, buffered=kept
                 )
@@ -163,14 +173,18 @@ class WorkflowResumes:
 
     def resume(self, run: Run, *, resumable: bool) -> Run:
         """Resume a `Failed` workflow run from its latest checkpoint (`ResumeConflict` else)."""
-        with submission(continuation(run, run.attempt, resumable)) as new:
+        with submission(self._continuation(run, run.attempt, resumable)) as new:
             return self._send(self.store.resume(run, new))
 
     def attempt_again(self, run: Run) -> Run:
         """The job's next attempt at `run`, just closed after its process died: from the
         latest checkpoint with `ResumeInterruptedRuns`, else from the start."""
-        with submission(continuation(run, run.attempt + 1, True)) as new:
+        with submission(self._continuation(run, run.attempt + 1, True)) as new:
             return self._send(self.store.resume(run, new))
+
+    def _continuation(self, run: Run, attempt: int, resumable: bool) -> NewRun:
+        version = None if self.registry is None else self.registry.version_of(run.agent)
+        return continuation(run, attempt, resumable, version)
 
     def _send(self, run: Run) -> Run:
         try:
@@ -180,8 +194,12 @@ class WorkflowResumes:
         return run
 
 
-def continuation(run: Run, attempt: int, resumable: bool) -> NewRun:
-    """The run that continues `run`: same workflow, input and session."""
+def continuation(
+    run: Run, attempt: int, resumable: bool, workflow_version: str | None = None
+) -> NewRun:
+    """The run that continues `run`: same workflow, input and session; it records
+    `workflow_version`, the version of the code that creates it (the worker that executes it
+    records its own instead when it runs other code)."""
     return NewRun(
         tenant_id=run.tenant_id,
         agent=run.agent,
@@ -194,6 +212,7 @@ def continuation(run: Run, attempt: int, resumable: bool) -> NewRun:
         priority=run.priority,
         resumable=resumable,
         continues_trace=run.traceparent,
+        workflow_version=workflow_version,
     )
 
 

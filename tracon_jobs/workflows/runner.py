@@ -1,7 +1,11 @@
 """Executing a claimed workflow run: replay the function, answer finished nodes from the
 chain's checkpoints, run the rest, and end with one fenced final write (or `Waiting`).
 
-    claim -> chain read once (all of it, or the run fails before its first node)
+    claim -> the version that executes it recorded on the run (when it was created elsewhere)
+          -> chain read once (all of it, or the run fails before its first node)
+          -> versions: every checkpoint replayed was written by this code, or by a version it
+             declares it replays (`compatible`, `ctx.patched`), or the run fails
+             (`workflow_version_mismatch`) before its first node
           -> budget of the logical run (the chain's spend carried)
           -> fn(ctx, input): per node: checkpoint? replay : [budget gate -> run -> checkpoint]
           -> Completed {result} | Failed | Canceled
@@ -34,8 +38,8 @@ from tracon_jobs.runs.subagents import SubAgents
 from tracon_jobs.settings import Settings
 from tracon_jobs.tracing import genai
 from tracon_jobs.workflows.context import TIMED_OUT, WorkflowContext
-from tracon_jobs.workflows.registry import WorkflowRegistry
-from tracon_jobs.workflows.store import WAITS, Recorded, WorkflowStore
+from tracon_jobs.workflows.registry import WorkflowRegistry, WorkflowSpec
+from tracon_jobs.workflows.store import PATCH, WAITS, Recorded, WorkflowStore
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +114,9 @@ class WorkflowRunner:
             log.exception("workflow run %s could not be prepared", run.id)
             error = RunError("database_error", ErrorClass.INFRASTRUCTURE, _database_error(exc))
             return self._finish(claim, RunStatus.FAILED, error=error)
+        except WorkflowStop as stop:  # its chain was written by code this one does not replay
+            log.error("workflow run %s not replayed: %s", run.id, stop.error.message)
+            return self._finish(claim, RunStatus.FAILED, error=stop.error)
         try:
             result = spec.function(WorkflowContext(execution), dict(run.input or {}))
             json.dumps(result)
@@ -145,12 +152,20 @@ class WorkflowRunner:
                 self.event_waited(claim.run_id)
 
     def _prepare(self, claim: Claim, run: Run, signal: AbortSignal) -> WorkflowExecution:
+        spec = self.registry.get(run.agent)
+        assert spec is not None, "the executor checks the workflow is known before it runs"
+        if run.workflow_version != spec.version:  # created by a process that runs other code
+            self.store.record_version(claim, spec.version)
+            run.workflow_version = spec.version
         chain = self.store.chain(run)
+        recorded = self._replayable(chain)
+        older = _older_versions(spec, recorded)
         limits = Limits.from_settings(self.settings.agent_graph)
         currency = self.settings.pricing.currency
         budget = open_budget(self.budgets, self.runs.db, limits, run, currency, self.quotas)
-        recorded = self._replayable(chain)
-        return WorkflowExecution(self, claim, run, signal, budget, recorded, logical_id=chain[-1])
+        return WorkflowExecution(
+            self, claim, run, signal, budget, recorded, logical_id=chain[-1], older=older
+        )
 
     def _replayable(self, chain: list[str]) -> dict[str, Recorded]:
         """What the replay answers: the answers to the waits of the whole chain (a person's,
@@ -164,7 +179,7 @@ class WorkflowRunner:
         return {
             node: hit
             for node, hit in recorded.items()
-            if hit.kind in WAITS or hit.run_id in counted
+            if hit.kind in WAITS or hit.kind == PATCH or hit.run_id in counted
         }
 
     def _finish(
@@ -191,6 +206,7 @@ class WorkflowExecution:
     budget: TreeBudget
     recorded: dict[str, Recorded]
     logical_id: str  # the first run of the chain: node keys are stable across the chain
+    older: bool = False  # another version wrote what it replays: `ctx.patched` is False
     counts: dict[str, int] = field(default_factory=dict)
     current: str | None = None
     replayed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # not yet written
@@ -313,6 +329,21 @@ class WorkflowExecution:
         self.budget.spent(released=0, tokens=0, cost=amount, unknown=False)
         self.runner.runs.add_cost(self.claim, amount, data)
 
+    def patched(self, change: str) -> bool:
+        node = self._next(f"patched:{change}")
+        hit = self.recorded.get(node)
+        if hit is not None and hit.kind == PATCH:  # decided in an earlier run of the chain
+            applied = bool(hit.value)
+            data = {"node": node, "kind": PATCH, "id": change, "applied": applied}
+            self.replayed.append(("WorkflowPatched", {**data, "fromRunId": hit.run_id}))
+            return applied
+        applied = not self.older
+        self.flush_replays()
+        data = {"node": node, "kind": PATCH, "id": change, "applied": applied}
+        # recorded with or without `EnableCheckpointing`: the decision holds for the chain
+        self.runner.store.checkpoint(self.claim, node, PATCH, applied, data, "WorkflowPatched")
+        return applied
+
     # -- helpers -------------------------------------------------------------------------------
 
     def _next(self, name: str) -> str:
@@ -351,6 +382,33 @@ class WorkflowExecution:
     def _ensure_live(self) -> None:
         if self.signal.aborted:
             raise stopped(self.signal)
+
+
+def _older_versions(spec: WorkflowSpec, recorded: dict[str, Recorded]) -> bool:
+    """Whether another version of the workflow wrote some of what the run replays (a run
+    written before versions were recorded counts as one); `WorkflowStop` when one of them is
+    a version `spec` does not declare it replays.
+
+    The version of a checkpoint (a node's result, a wait's answer, a patch decision) is the
+    one recorded on the run that wrote it: the code that executed that run."""
+    written = {hit.version for hit in recorded.values()}
+    known = {version for version in written if version is not None}
+    if not spec.replays(known):
+        raise WorkflowStop(_version_mismatch(spec, sorted(known - {spec.version})))
+    return any(version != spec.version for version in written)
+
+
+def _version_mismatch(spec: WorkflowSpec, versions: list[str]) -> RunError:
+    written = ", ".join(f"'{version}'" for version in versions)
+    plural = "s" if len(versions) > 1 else ""
+    return RunError(
+        "workflow_version_mismatch",
+        ErrorClass.CONFIGURATION,
+        f"workflow '{spec.name}' is version '{spec.version}' here, but its chain was written "
+        f"by version{plural} {written}; nothing was replayed. Deploy the code that wrote it, "
+        f"or declare @workflow('{spec.name}', compatible=[{written}]) or branch with "
+        "ctx.patched(), then resume the run",
+    )
 
 
 def _passed(when: datetime) -> bool:

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Run, WorkflowEvent, WorkflowNode
 from tracon_jobs.db.outages import rides_out_outages
+from tracon_jobs.errors import RunTakenAway
 from tracon_jobs.limits.tree import MAX_CHAIN, ChainUnreadable
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runs.reconcile import JOB_RESTARTED
@@ -35,6 +36,8 @@ NODES = cast(Table, WorkflowNode.__table__)
 EVENTS = cast(Table, WorkflowEvent.__table__)
 WAITS = ("ask", "timer", "event")
 """The kinds of node a run waits on; their answers are the chain's input, replayed always."""
+PATCH = "patch"
+"""The kind of node that records a `ctx.patched` decision; replayed always, like answers."""
 RUNS = cast(Table, Run.__table__)
 _NOW = StatementClock()
 
@@ -48,6 +51,7 @@ class Recorded:
     value: Any
     run_id: str
     timed_out: bool = False  # an event wait whose timeout came first
+    version: str | None = None  # the workflow version of the run that wrote it (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,16 @@ class WorkflowStore:
     def recorded(self, run_ids: Sequence[str]) -> dict[str, Recorded]:
         """Every finished node and answered request of the chain, by node (newest wins)."""
         order = {run_id: position for position, run_id in enumerate(run_ids)}
-        query = select(NODES.c.run_id, NODES.c.node, NODES.c.kind, NODES.c.result).where(
-            NODES.c.run_id.in_(list(run_ids)), NODES.c.status.in_(["completed", "answered"])
+        query = (
+            select(
+                NODES.c.run_id,
+                NODES.c.node,
+                NODES.c.kind,
+                NODES.c.result,
+                RUNS.c.workflow_version,
+            )
+            .join(RUNS, RUNS.c.id == NODES.c.run_id)
+            .where(NODES.c.run_id.in_(list(run_ids)), NODES.c.status.in_(["completed", "answered"]))
         )
         with self.db.read() as session:
             rows = session.execute(query).all()
@@ -104,7 +116,12 @@ class WorkflowStore:
         for row in sorted(rows, key=lambda r: order[r.run_id], reverse=True):
             result = row.result or {}
             found[row.node] = Recorded(
-                row.node, row.kind, result.get("value"), row.run_id, bool(result.get("timedOut"))
+                row.node,
+                row.kind,
+                result.get("value"),
+                row.run_id,
+                bool(result.get("timedOut")),
+                row.workflow_version,
             )
         return found
 
@@ -134,12 +151,36 @@ class WorkflowStore:
     # -- the runner's writes ---------------------------------------------------------------
 
     @rides_out_outages
-    def checkpoint(
-        self, claim: Claim, node: str, kind: str, value: Any, data: dict[str, Any]
-    ) -> None:
-        """Commit a finished node's result with its `WorkflowNodeCompleted` event."""
+    def record_version(self, claim: Claim, version: str) -> None:
+        """Record on the claimed run the workflow version that executes it (the process that
+        created it may have run other code); `RunTakenAway` when the claim is gone."""
         with self.db.write() as session:
-            event = self.runs.append_in(session, claim, "WorkflowNodeCompleted", data)
+            done = session.execute(
+                update(RUNS)
+                .where(
+                    RUNS.c.id == claim.run_id,
+                    RUNS.c.fence == claim.fence,
+                    RUNS.c.status == RunStatus.RUNNING.value,
+                )
+                .values(workflow_version=version)
+                .returning(RUNS.c.id)
+            ).scalar_one_or_none()
+        if done is None:
+            raise RunTakenAway(f"run {claim.run_id} is no longer owned by fence {claim.fence}")
+
+    @rides_out_outages
+    def checkpoint(
+        self,
+        claim: Claim,
+        node: str,
+        kind: str,
+        value: Any,
+        data: dict[str, Any],
+        event_type: str = "WorkflowNodeCompleted",
+    ) -> None:
+        """Commit a finished node's result (or a `ctx.patched` decision) with its event."""
+        with self.db.write() as session:
+            event = self.runs.append_in(session, claim, event_type, data)
             session.execute(
                 insert(NODES).values(
                     run_id=claim.run_id,

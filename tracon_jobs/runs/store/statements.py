@@ -126,7 +126,7 @@ _NEW_ROW_COLUMNS = (
     "parent_run_id", "root_run_id", "depth", "continued_from_run_id", "attempt",
     "turns_completed", "input_tokens", "output_tokens", "cost_amount", "cost_currency",
     "cost_source", "fence", "event_seq", "enqueue_count", "waited_ms", "resumable",
-    "priority", "traceparent",
+    "priority", "traceparent", "workflow_version",
 )  # fmt: skip
 _NEW_RUN = (
     insert(RUNS)
@@ -426,6 +426,7 @@ def _new_row(new: NewRun) -> dict[str, Any]:
         resumable=new.resumable,
         priority=new.priority,
         traceparent=new.traceparent,
+        workflow_version=new.workflow_version,
     )
 
 

@@ -40,6 +40,7 @@ class NewRun:
     priority: int = 5  # 0-9, higher first within its tenant's share (`fair_share.PRIORITIES`)
     traceparent: str | None = None  # its submission's span (`tracing`), when traced
     continues_trace: str | None = None  # the traceparent of the run it continues, if any
+    workflow_version: str | None = None  # a workflow run's code version where it is created
     id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
