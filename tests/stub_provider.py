@@ -415,6 +415,7 @@ class StubProvider:
         self._lock = threading.Lock()
         self._queue: deque[Behaviour] = deque()
         self._requests: list[dict[str, Any]] = []
+        self._arrivals: list[float] = []
         self._headers: list[dict[str, str]] = []
         self._peers: list[tuple[str, int]] = []
         self._in_progress = 0
@@ -439,6 +440,12 @@ class StubProvider:
         """The JSON bodies received so far, oldest first (a copy)."""
         with self._lock:
             return list(self._requests)
+
+    @property
+    def arrivals(self) -> list[float]:
+        """When each request arrived (`time.monotonic()`), oldest first (a copy)."""
+        with self._lock:
+            return list(self._arrivals)
 
     @property
     def request_headers(self) -> list[dict[str, str]]:
@@ -508,6 +515,7 @@ class StubProvider:
     def _begin(self, body: dict[str, Any], headers: dict[str, str]) -> Behaviour:
         with self._lock:
             self._requests.append(body)
+            self._arrivals.append(time.monotonic())
             self._headers.append(headers)
             self._in_progress += 1
             self.peak_in_progress = max(self.peak_in_progress, self._in_progress)

@@ -212,12 +212,14 @@ def test_a_429_with_retry_after_holds_every_later_call_of_the_provider(
     stub_provider.enqueue(error(429, retry_after=1))
     first = run_once(runtime)
     assert first.status == "Failed"
-    after_429 = time.monotonic()
 
     second = run_once(runtime)
 
     assert second.status == "Completed"
-    assert time.monotonic() - after_429 >= 0.9  # it did not start before the provider said
+    # it did not start before the provider said (counted where the provider saw the calls:
+    # a busy machine's slow final write of the first run would shorten the test's own clock)
+    the_429, the_next = stub_provider.arrivals
+    assert the_next - the_429 >= 0.95
 
 
 def test_an_answer_saying_no_requests_remain_holds_the_next_call_until_the_reset(
