@@ -340,6 +340,7 @@ def seed_runs(client: FlaskClient, headers: dict[str, str]) -> tuple[str, str, s
     return done.get_json()["id"], waiting.get_json()["id"], approval
 
 
+@pytest.mark.timeout(300)  # every operation, both modes: two minutes on a busy machine
 def test_schemathesis_finds_no_5xx_and_no_schema_violation(worked_app: Flask) -> None:
     """Every operation of `GET /openapi.json`, positive and negative, with every check
     schemathesis has for a single request, `positive_data_acceptance` included (see
