@@ -173,3 +173,29 @@ def test_without_buffering_an_event_nobody_waits_for_is_refused(
     assert runtime.executor.execute(first) == "Waiting"
     delivered = runtime.workflow_resumes.deliver(run_of(runtime, first), "paid", 1)
     assert not delivered.kept
+
+
+def test_a_wait_written_after_its_event_was_kept_takes_it_in_the_same_execution(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    # Given an event kept for a chain whose wait looked for it just before it was kept
+    runtime = runtime_for(make_runtime, sql_url)
+    first = start(runtime, "await-payment", {})
+    store = runtime.workflow_store
+    original = store.take_event
+
+    def too_early(*args: Any) -> Any:  # the wait looks, then the event is kept
+        taken = original(*args)
+        store.keep_event(run_of(runtime, first).tenant_id, first, "paid", {"amount": 9})
+        return taken
+
+    store.take_event = too_early  # type: ignore[method-assign]
+
+    # When the run writes its wait (the runtime's own look after the commit follows)
+    assert runtime.executor.execute(first) == "Waiting"
+
+    # Then the kept event answered the wait at once: the chain goes on with it
+    second = continued(runtime, first)
+    assert runtime.workflow_store.kept_events(first) == 0
+    assert runtime.executor.execute(second) == "Completed"
+    assert run_of(runtime, second).output == {"result": {"order": "A-1", "paid": {"amount": 9}}}

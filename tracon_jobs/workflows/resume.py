@@ -126,8 +126,8 @@ class WorkflowResumes:
                         latest, payload, new, kind="event", node=waiting.node
                     )
                 return Delivered(self._send(answered), kept=False)
-            except RequestConflict:
-                latest = self.latest(latest)  # answered by its timeout: kept, as below
+            except RequestConflict:  # its timeout (or a cancel) answered first: as below
+                latest = self.latest(self.store.runs.get(latest.id) or latest)
         if not self.settings.workflows.buffer_events:
             raise RequestConflict(
                 f"run '{latest.id}' is not waiting for event '{name}' "
