@@ -54,6 +54,7 @@ from tracon_jobs.runs.executor import Resilience, RunExecutor
 from tracon_jobs.runs.live import LiveRuns
 from tracon_jobs.runs.parking import Resumer
 from tracon_jobs.runs.reconcile import Reconciler
+from tracon_jobs.runs.retention import RunRetention
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT, SubAgents
@@ -479,6 +480,18 @@ class Runtime:
     def reconciler(self) -> Reconciler:
         config = self.settings.run_reconciliation
         return Reconciler(config, self.runs, self.continuations, self.workflow_resumes)
+
+    @cached_property
+    def run_retention(self) -> RunRetention:
+        """Deletes run groups past `Runs.Retention` (or a tenant's own), archiving them first
+        with `Runs.ArchiveDirectory`."""
+        config = self.settings.runs
+        return RunRetention(
+            self.db,
+            config.retention,
+            batch=config.retention_batch,
+            archive_directory=config.archive_directory,
+        )
 
     def open_connections(self) -> None:
         """As a worker starts: a database and a Redis connection open for each of its

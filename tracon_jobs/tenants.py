@@ -22,6 +22,7 @@ from tracon_jobs.db import Database
 from tracon_jobs.db.hot import hot
 from tracon_jobs.db.models import ApiKey, Tenant, TenantQuotaOverride
 from tracon_jobs.limits.tenant_quotas import OwnQuota
+from tracon_jobs.runs.retention import OwnRetention, own_retention, stored_seconds
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,19 @@ class TenantStore:
         query = select(Tenant.id, Tenant.weight).where(Tenant.weight.is_not(None))
         with self.db.read() as session:
             return {tenant_id: weight or 1 for tenant_id, weight in session.execute(query)}
+
+    def retention(self, tenant_id: str) -> OwnRetention | None:
+        """The tenant's own run retention (None: `Runs.Retention` holds)."""
+        with self.db.read() as session:
+            seconds = session.scalar(select(Tenant.retention_seconds).where(Tenant.id == tenant_id))
+        return own_retention(seconds)
+
+    def set_retention(self, tenant_id: str, own: OwnRetention | None) -> None:
+        """Give the tenant a run retention of its own, or (None) return it to the setting's."""
+        with self.db.write() as session:
+            tenant = session.get(Tenant, tenant_id)
+            assert tenant is not None
+            tenant.retention_seconds = None if own is None else stored_seconds(own)
 
     def find_tenant(self, name_or_id: str) -> str | None:
         query = select(Tenant.id).where((Tenant.name == name_or_id) | (Tenant.id == name_or_id))

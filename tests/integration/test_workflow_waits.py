@@ -189,7 +189,7 @@ def test_a_wait_written_after_its_event_was_kept_takes_it_in_the_same_execution(
         store.keep_event(run_of(runtime, first).tenant_id, first, "paid", {"amount": 9})
         return taken
 
-    store.take_event = too_early  # type: ignore[method-assign]
+    store.take_event = too_early  # type: ignore[method-assign,assignment]
 
     # When the run writes its wait (the runtime's own look after the commit follows)
     assert runtime.executor.execute(first) == "Waiting"

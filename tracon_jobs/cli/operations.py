@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracon_jobs.cli.context import CommandError, load_runtime
@@ -18,6 +20,7 @@ from tracon_jobs.resilience.views import circuits_view
 
 if TYPE_CHECKING:
     from tracon_jobs.db.models import Approval, Run
+    from tracon_jobs.runs.retention import OwnRetention
     from tracon_jobs.runs.store import Event
     from tracon_jobs.runtime import Runtime
 
@@ -183,6 +186,54 @@ def cmd_tenants_weight(args: argparse.Namespace, rest: list[str]) -> int:
         runtime.fair_store.register("", 0, {tenant_id: tenants.weight(tenant_id)})
     weight = tenants.weight(tenant_id)
     print(f"tenant '{args.tenant}': weight {weight} (share of fair dispatch; default 1)")
+    return 0
+
+
+NEVER = ("never", "forever")
+"""The words `tenants retention` takes for a tenant whose runs are kept forever."""
+
+
+def retention_value(raw: str) -> OwnRetention:
+    """`tenants retention`'s duration: at least a second, or `never`."""
+    from tracon_jobs.runs.retention import OwnRetention
+    from tracon_jobs.settings.durations import parse_duration
+
+    if raw.strip().lower() in NEVER:
+        return OwnRetention(None)
+    try:
+        value = parse_duration(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < timedelta(seconds=1):
+        raise argparse.ArgumentTypeError(f"must be at least 1 second, or `never` (got {raw})")
+    return OwnRetention(value)
+
+
+def cmd_tenants_retention(args: argparse.Namespace, rest: list[str]) -> int:
+    from tracon_jobs.settings.durations import format_duration
+
+    runtime = load_runtime()
+    tenant_id = _tenant(runtime, args.tenant)
+    tenants = runtime.tenants
+    if args.clear and args.duration is not None:
+        raise CommandError("--clear takes no duration")
+    if args.clear or args.duration is not None:
+        tenants.set_retention(tenant_id, args.duration)
+    own = tenants.retention(tenant_id)
+    default = runtime.settings.runs.retention
+    retention = own.retention if own is not None else default
+    source = "own" if own is not None else "Runs.Retention"
+    shown = (
+        "kept forever"
+        if retention is None
+        else f"deleted {format_duration(retention)} after their tree's last run ended"
+    )
+    print(f"tenant '{args.tenant}': ended runs {shown} ({source})")
+    if args.duration is not None and default is None and retention is not None:
+        print(
+            "note: beat schedules tracon.runs.retention as it starts: restart beat if it "
+            "started while no retention was set"
+        )
     return 0
 
 
@@ -390,6 +441,39 @@ def cmd_runs_show(args: argparse.Namespace, rest: list[str]) -> int:
     body["events"] = [event.as_json() for event in runtime.runs.events(run.id)]
     body["toolCalls"] = [tool_call_json(call) for call in Ledger(runtime.runs).calls(run.id)]
     print(json_text(body))
+    return 0
+
+
+def cmd_runs_export(args: argparse.Namespace, rest: list[str]) -> int:
+    """The run's group (its tree, and the trees of its chain) as JSON lines, to stdout or a
+    file (written whole, then renamed into place)."""
+    from tracon_jobs.runs.export import GroupTooLarge, group_of_run, write_lines
+
+    runtime = load_runtime()
+    run = _run(runtime, args.run_id, args.tenant)
+    try:
+        group = group_of_run(runtime.db, run.id)
+    except GroupTooLarge as exc:
+        raise CommandError(f"run '{run.id}': {exc}") from None
+    if group is None:
+        raise CommandError(f"no run '{args.run_id}'")
+    if args.output == "-":
+        write_lines(runtime.db, group, sys.stdout)
+        return 0
+    path = Path(args.output)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as out:
+            lines = write_lines(runtime.db, group, out)
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise CommandError(f"--output: cannot write {path}: {exc.strerror or exc}") from None
+    trees = len(group.roots)
+    print(
+        f"wrote {lines} lines to {path}: {len(group.members)} runs in "
+        f"{trees} tree{'s' if trees != 1 else ''}"
+    )
     return 0
 
 

@@ -20,12 +20,14 @@ from tracon_jobs.cli.operations import (
     cmd_keys_create,
     cmd_keys_list,
     cmd_keys_revoke,
+    cmd_runs_export,
     cmd_runs_list,
     cmd_runs_show,
     cmd_runs_tail,
     cmd_tenants_concurrency,
     cmd_tenants_create,
     cmd_tenants_quota,
+    cmd_tenants_retention,
     cmd_tenants_weight,
     cmd_workflows_event,
     cmd_workflows_list,
@@ -34,6 +36,7 @@ from tracon_jobs.cli.operations import (
     cmd_workflows_runs,
     cost_limit,
     positive_int,
+    retention_value,
     run_status,
     weight_value,
 )
@@ -136,8 +139,9 @@ def add_process_commands(command: Command) -> None:
 
 
 def add_tenant_commands(command: Command) -> None:
-    """`tenants create NAME`, `tenants quota TENANT [--period P] [--cost-limit X] [--clear]`
-    and `keys create TENANT | list [--tenant T] | revoke KEY_ID`."""
+    """`tenants create NAME`, `tenants quota TENANT [--period P] [--cost-limit X] [--clear]`,
+    `tenants concurrency|weight|retention TENANT [VALUE] [--clear]` and
+    `keys create TENANT | list [--tenant T] | revoke KEY_ID`."""
     tenants = command("tenants", None, "manage tenants")
     tsub = tenants.add_subparsers(metavar="action")
     create = tsub.add_parser(
@@ -197,6 +201,24 @@ def add_tenant_commands(command: Command) -> None:
     weight.add_argument("weight", nargs="?", type=weight_value, help="1 to 100")
     weight.add_argument("--clear", action="store_true", help="return the tenant's weight to 1")
     weight.set_defaults(handler=cmd_tenants_weight, passthrough=False)
+    retention = tsub.add_parser(
+        "retention",
+        help="show or set how long a tenant's ended runs are kept",
+        description="Show how long the tenant's ended run trees are kept before retention "
+        "deletes them; with a duration (`90.00:00:00`, `3600`), or `never` to keep them "
+        "forever, give it a retention of its own; with --clear, return it to Runs.Retention.",
+    )
+    retention.add_argument("tenant", help="tenant name or id")
+    retention.add_argument(
+        "duration",
+        nargs="?",
+        type=retention_value,
+        help="d.hh:mm:ss or seconds (at least 1 s), or `never`",
+    )
+    retention.add_argument(
+        "--clear", action="store_true", help="remove the tenant's own retention (use the default)"
+    )
+    retention.set_defaults(handler=cmd_tenants_retention, passthrough=False)
 
     keys = command("keys", None, "manage API keys")
     ksub = keys.add_subparsers(metavar="action")
@@ -225,7 +247,7 @@ def add_tenant_commands(command: Command) -> None:
 
 
 def add_run_commands(command: Command) -> None:
-    """`runs list`, `runs show ID` and `runs tail ID`."""
+    """`runs list`, `runs show ID`, `runs tail ID` and `runs export ID`."""
     runs = command("runs", None, "inspect runs")
     rsub = runs.add_subparsers(metavar="action")
     rlist = rsub.add_parser(
@@ -261,6 +283,23 @@ def add_run_commands(command: Command) -> None:
     rtail.add_argument("run_id", help="the run's id")
     rtail.add_argument("--tenant", help="only if the run belongs to this tenant (name or id)")
     rtail.set_defaults(handler=cmd_runs_tail, passthrough=False)
+    rexport = rsub.add_parser(
+        "export",
+        help="write a run's whole tree and chain as JSON lines",
+        description="Write the run's tree, with the trees of the chain continuations link to "
+        "it, as JSON lines (what Runs.ArchiveDirectory keeps before retention deletes them): "
+        'each run as `{"type": "run", ...}` (the run JSON of GET /api/runs/{id}), followed by '
+        "its events, tool calls, workflow nodes, approvals and the events kept for its chain.",
+    )
+    rexport.add_argument("run_id", help="any run of the tree or chain")
+    rexport.add_argument("--tenant", help="only if the run belongs to this tenant (name or id)")
+    rexport.add_argument(
+        "--output",
+        default="-",
+        metavar="FILE",
+        help="the file written (replaced if it exists); `-`, the default, is stdout",
+    )
+    rexport.set_defaults(handler=cmd_runs_export, passthrough=False)
 
 
 def add_approval_commands(command: Command) -> None:

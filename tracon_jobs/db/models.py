@@ -41,6 +41,8 @@ class Tenant(Base):
     created_at: Mapped[datetime]
     max_concurrent_runs: Mapped[int | None] = mapped_column(default=None)  # own limit, or None
     weight: Mapped[int | None] = mapped_column(default=None)  # share of fair dispatch, None: 1
+    # own `Runs.Retention` in whole seconds; 0 keeps its runs forever; None: the setting's
+    retention_seconds: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
 class ApiKey(Base):
@@ -65,6 +67,9 @@ class Run(Base):
         Index("ix_runs_status_heartbeat", "status", "heartbeat_at"),
         Index("ix_runs_root", "root_run_id"),
         Index("ix_runs_session", "tenant_id", "session_id"),
+        # retention: a tenant's oldest ended runs, and the runs that continue a chain
+        Index("ix_runs_tenant_ended", "tenant_id", "ended_at", "id"),
+        Index("ix_runs_continued_from", "continued_from_run_id"),
     )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -162,6 +167,7 @@ class IdempotencyRecord(Base):
     __table_args__ = (
         UniqueConstraint("tenant_id", "key", name="uq_idempotency_records_tenant_key"),
         Index("ix_idempotency_records_state_created", "state", "created_at"),
+        Index("ix_idempotency_records_run", "run_id"),  # retention deletes a run's records
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

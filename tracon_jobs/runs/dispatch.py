@@ -165,6 +165,9 @@ def submission(new: NewRun) -> Iterator[NewRun]:
     """The run's submission span around writing its row and sending it: `new` with the
     span's traceparent (unchanged when untraced). A run that continues another one joins
     that run's trace and links to it (and to the request that asked for it, if any)."""
+    if not tracing.on():
+        yield new
+        return
     links: list[str | None] = [] if new.continues_trace is None else [new.continues_trace]
     if new.continues_trace is not None:
         links.append(tracing.current_traceparent())

@@ -690,6 +690,8 @@ class RunExecutor:
     def _model_call_span(
         self, link: Link, request: ModelRequest, turn: int
     ) -> contextlib.AbstractContextManager[tracing.Span]:
+        if not tracing.on():
+            return tracing.OFF
         provider = self.settings.providers.get(link.provider_name)
         kind = provider.kind if provider is not None else link.provider_name
         return genai.model_call(

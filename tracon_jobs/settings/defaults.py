@@ -216,6 +216,27 @@ CANCEL_ON_DISCONNECT: Final = False
 """Whether a `/v1` streaming answer's run is canceled when its client goes away before the end.
 Off by default: the run is durable and its result stays readable at `/api/runs/{id}`."""
 
+RUN_RETENTION: Final[timedelta | None] = None
+"""How long a run tree (with the workflow chain it belongs to) is kept once its last run ended;
+then beat's `tracon.runs.retention` deletes it with its events, tool-call ledger, checkpoints,
+approvals and idempotency records, never while any run of it is live. Null keeps every run
+forever: deleting history is a decision an operator makes (`tracon-jobs tenants retention`
+sets a tenant's own)."""
+
+RUN_RETENTION_BATCH: Final = 200
+"""Run trees deleted in one transaction. A pass deletes batch after batch until nothing is due
+or its time is up, so a backlog goes in many short transactions, never one long one."""
+
+RUN_RETENTION_SCAN_INTERVAL: Final = timedelta(minutes=10)
+"""How often beat sends `tracon.runs.retention` while some retention is set; a tree goes within
+about this much after its retention ends. A pass stops after half of it, to go on at the next."""
+
+RUN_ARCHIVE_DIRECTORY: Final[str | None] = None
+"""Null: a tree past its retention is deleted without a copy. A folder (created if missing;
+relative to the worker's working directory): each tree, or chain, is written there first as
+`<id of its first run>.jsonl`, the lines `tracon-jobs runs export` prints; nothing is deleted
+when the file cannot be written."""
+
 # --- Worker (tracon-jobs additions) --------------------------------------------------------
 
 WORKER_CONCURRENCY: Final = 16

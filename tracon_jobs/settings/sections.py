@@ -289,7 +289,8 @@ class ToolLoopSettings(ConfigModel):
 
 
 class RetentionSettings(ConfigModel):
-    """Deleting old records; off unless an operator decides what may go."""
+    """Deleting old idempotency records; off unless an operator decides what may go (runs
+    have `Runs.Retention`)."""
 
     enabled: Flag = defaults.RETENTION_ENABLED
     idempotency: PositiveDuration = defaults.IDEMPOTENCY_RETENTION
@@ -336,7 +337,8 @@ class TenantsSettings(ConfigModel):
 
 
 class RunsSettings(ConfigModel):
-    """Liveness of queued runs and limits of one run (tracon-jobs additions)."""
+    """Liveness of queued runs, limits of one run, and how long ended runs are kept
+    (tracon-jobs additions)."""
 
     requeue_after: PositiveDuration = defaults.REQUEUE_AFTER
     park_after: PositiveDuration = defaults.PARK_AFTER
@@ -344,6 +346,12 @@ class RunsSettings(ConfigModel):
     buffered_wait_timeout: PositiveDuration = defaults.BUFFERED_WAIT_TIMEOUT
     max_turns: AtLeastOne = defaults.MAX_TURNS
     cancel_on_disconnect: Flag = defaults.CANCEL_ON_DISCONNECT
+    retention: Annotated[PositiveDuration | None, Rule("null: keep forever")] = (
+        defaults.RUN_RETENTION
+    )
+    retention_batch: AtLeastOne = defaults.RUN_RETENTION_BATCH
+    retention_scan_interval: TimerDuration = defaults.RUN_RETENTION_SCAN_INTERVAL
+    archive_directory: NonEmptyStr | None = defaults.RUN_ARCHIVE_DIRECTORY
 
 
 class WorkerSettings(ConfigModel):

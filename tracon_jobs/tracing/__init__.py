@@ -147,6 +147,13 @@ def _active() -> Tracing | None:
     return tracing if tracing is not None and tracing.pid == os.getpid() else None
 
 
+def flush(timeout_seconds: float) -> None:
+    """Export what is buffered, waiting at most `timeout_seconds` (before an `os._exit`)."""
+    tracing = _active()
+    if tracing is not None:
+        tracing.provider.force_flush(int(timeout_seconds * 1000))
+
+
 def shutdown() -> None:
     """Export what is buffered and stop (a process's last words; idempotent)."""
     global _tracing
@@ -224,6 +231,8 @@ class _NoSpan:
 
 
 NO_SPAN: Span = _NoSpan()
+OFF: contextlib.AbstractContextManager[Span] = contextlib.nullcontext(NO_SPAN)
+"""What `span` returns when this process does not trace: one reusable no-op block."""
 
 INTERNAL, SERVER, CLIENT, PRODUCER, CONSUMER = (
     "internal",
@@ -234,7 +243,6 @@ INTERNAL, SERVER, CLIENT, PRODUCER, CONSUMER = (
 )
 
 
-@contextlib.contextmanager
 def span(
     name: str,
     *,
@@ -243,18 +251,17 @@ def span(
     parent: str | None = None,
     links: Sequence[str | None] = (),
     expected: tuple[type[BaseException], ...] = (),
-) -> Iterator[Span]:
+) -> contextlib.AbstractContextManager[Span]:
     """A span around the block, current inside it (a child of the current span, or of
     `parent`, a W3C traceparent, when given); `links` are traceparents it links to. An
     exception leaving the block marks it failed, unless it is one of `expected` (a run
     that parks or waits for a person: an event `tracon.stopped` says which). `NO_SPAN`
-    when this process does not trace."""
+    (in `OFF`) when this process does not trace: callers that build attributes ask `on()`
+    first."""
     tracing = _here()
     if tracing is None:
-        yield NO_SPAN
-        return
-    with tracing.span(name, kind, attributes, parent, links, expected) as opened:
-        yield opened
+        return OFF
+    return tracing.span(name, kind, attributes, parent, links, expected)
 
 
 def current_span() -> Span:

@@ -34,6 +34,8 @@ def execution(
     """One execution of a claimed run on this worker: a child of the run's submission
     (its `traceparent`), linked to the span that sent this delivery when that is another
     one (a respond, a resume, the requeue scan's resend)."""
+    if not tracing.on():
+        return tracing.OFF
     delivered = tracing.delivered_with()
     links = [delivered] if delivered and delivered != run.traceparent else []
     agent = run.kind == "agent"
@@ -71,6 +73,8 @@ def model_call(
     expected: tuple[type[BaseException], ...] = (),
 ) -> AbstractContextManager[Span]:
     """One model call (`chat <model>`), from its rate-limit and slot waits to its answer."""
+    if not tracing.on():
+        return tracing.OFF
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": provider_kind,
@@ -100,6 +104,8 @@ def answered(
 ) -> None:
     """The current model call's answer: model, tokens, finish reason, cost."""
     span = tracing.current_span()
+    if span is tracing.NO_SPAN:
+        return
     usage = response.usage
     span.set_many(
         {
@@ -128,6 +134,8 @@ def tool_call(
     arguments: str,
 ) -> AbstractContextManager[Span]:
     """One tool call (`execute_tool <name>`); a child run it starts nests under it."""
+    if not tracing.on():
+        return tracing.OFF
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": name,
@@ -147,6 +155,8 @@ def tool_call(
 def tool_answered(
     span: Span, ok: bool, code: str | None, attempts: int, source: str, result: Any
 ) -> None:
+    if span is tracing.NO_SPAN:
+        return
     span.set_many(
         {
             "tracon.tool.outcome": "ok" if ok else (code or "error"),
@@ -166,6 +176,8 @@ def node(
 ) -> AbstractContextManager[Span]:
     """One node of a workflow (a step's attempt, an agent node); `key` is its key in the
     run (`name#occurrence`), the span's name its name alone."""
+    if not tracing.on():
+        return tracing.OFF
     return tracing.span(
         f"workflow_node {key.rpartition('#')[0] or key}",
         attributes={

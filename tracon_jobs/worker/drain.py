@@ -21,6 +21,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready
 
+from tracon_jobs import tracing
 from tracon_jobs.runs.live import LiveRuns
 from tracon_jobs.settings import DrainSettings
 
@@ -61,7 +62,7 @@ class WorkerDrain:
     def on_term(self, hostname: str) -> None:
         if not self.config.enabled:
             log.warning("SIGTERM: exiting at once (Drain disabled); runs in flight are cut off")
-            os._exit(0)
+            _exit(0)
         if self.draining.is_set():
             return
         self.draining.set()
@@ -79,13 +80,13 @@ class WorkerDrain:
         left = self.live_runs.snapshot()
         if left:
             log.error("drain timeout: cutting off %d runs (reconciliation closes them)", len(left))
-            os._exit(1)
+            _exit(1)
         log.warning("drained; stopping")
         from celery.worker import state
 
         state.should_stop = 0  # Celery's warm shutdown: nothing runs, unstarted messages return
         time.sleep(10)
-        os._exit(0)  # a warm shutdown that hangs must not block a deployment
+        _exit(0)  # a warm shutdown that hangs must not block a deployment
 
     def _stop_consuming(self, hostname: str) -> None:
         try:
@@ -93,3 +94,13 @@ class WorkerDrain:
                 self.app.control.cancel_consumer(queue, destination=[hostname])
         except Exception as exc:  # the executor refuses new claims anyway
             log.warning("could not stop consuming while draining: %s", exc)
+
+
+EXIT_FLUSH_SECONDS = 2.0
+"""How long an exit waits for the spans still batched to be exported (when tracing)."""
+
+
+def _exit(code: int) -> None:
+    """`os._exit`, after the spans this process still holds are sent (bounded)."""
+    tracing.flush(EXIT_FLUSH_SECONDS)
+    os._exit(code)
