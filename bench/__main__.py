@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS: tuple[str, ...] = (
     "b1_throughput",
     "b1_throughput@postgresql",
+    "b1_throughput@tracing",
     "b2_inflight",
     "b2_inflight@stream",
     "b3_coordination",
@@ -40,7 +41,8 @@ BENCHMARKS: tuple[str, ...] = (
 """Run in this order; add a module's name here and `make bench` runs it. `name@postgresql`
 runs it with `--database` on a scratch database of the PostgreSQL server that
 `TRACON_BENCH_POSTGRES` names (default: the local one), skipped when none answers;
-`name@stream` runs it with `--stream` (streaming model calls)."""
+`name@stream` runs it with `--stream` (streaming model calls); `name@tracing` with `--tracing`
+(tracing off and on, exporting to a local OTLP receiver)."""
 
 POSTGRES_ADMIN = os.environ.get(
     "TRACON_BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -87,10 +89,12 @@ def run_one(name: str) -> Outcome:
                 print(f"== {name}: no PostgreSQL answers at {POSTGRES_ADMIN}, skipped\n")
                 return Outcome(name, "missing")
             extra = ["--database", database]
-        elif variant == "stream":
-            extra = ["--stream"]
+        elif variant in ("stream", "tracing"):
+            extra = [f"--{variant}"]
         elif variant:
-            raise SystemExit(f"unknown variant '{variant}' of {base} (known: postgresql, stream)")
+            raise SystemExit(
+                f"unknown variant '{variant}' of {base} (known: postgresql, stream, tracing)"
+            )
         return run_module(name, module, extra)
 
 

@@ -3,6 +3,10 @@
 Both are timed in one invocation on the same Redis, one worker process each with the same
 pool, concurrency and prefetch, so `ratio = tracon / celery` says how much of the broker's
 throughput survives tracon's own work per run (HTTP, SQL rows and events, fences, feed).
+
+`--tracing`: tracon is timed twice a round, with tracing off (no `OTEL_*` variable at all)
+and on (every span sampled, exported over OTLP/HTTP to a receiver in this process), and
+`tracing on/off` (the median of the rounds' on / off rates) is held to its goal instead.
 See bench/README.md for how to read it.
 """
 
@@ -17,12 +21,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import redis
@@ -33,6 +37,9 @@ from tracon_jobs.cli.supervisor import Supervisor
 from tracon_jobs.db.engine import normalize_url
 from tracon_jobs.db.models import Run
 from tracon_jobs.embedded_redis import answers, start_embedded
+
+if TYPE_CHECKING:
+    from bench.otlp_receiver import OtlpReceiver, Received
 
 LOCAL_REDIS_EXAMPLE = "redis://127.0.0.1:6379/14"
 AGENT = "bench"
@@ -45,6 +52,13 @@ ROUNDS = 3
 """Pairs of measurements (tracon, then Celery) in one invocation: the ratio held to the goal
 is their median, as one pair moves by a tenth either way on a shared 2-CPU machine."""
 RUN_POLL_SECONDS = 0.02
+TRACING_GOAL = 0.90
+"""`--tracing`: tracon's rate with tracing on (sampler always on, exporting) over its rate
+with tracing off, the median of the rounds."""
+TRACING_SAMPLER = "always_on"
+SCHEDULE_DELAY = 5.0
+"""The SDK's batch processor exports what it holds at least this often (its default,
+`OTEL_BSP_SCHEDULE_DELAY` 5000 ms): quiet for longer, the processes have sent every span."""
 NOOP_POLL_SECONDS = 0.005
 ID_CHUNK = 500
 TERMINAL = ("Completed", "Failed", "Canceled")
@@ -62,6 +76,7 @@ class Options:
     timeout: float
     keep: bool
     rounds: int = ROUNDS
+    tracing: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,7 @@ class Measurement:
     done: int
     problem: str = ""
     cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds, timed part
+    spans_timed: int = 0  # spans the OTLP receiver took while timed (`--tracing`, on)
 
     @property
     def complete(self) -> bool:
@@ -106,6 +122,45 @@ class Round:
         return self.tracon.per_second / per_second if per_second else 0.0
 
 
+@dataclass(frozen=True)
+class Traced:
+    """One tracon measurement of `--tracing`, and what the OTLP receiver took meanwhile:
+    from the processes' start to their stop."""
+
+    measured: Measurement
+    latencies: list[float]
+    received: Received
+
+    @property
+    def runs(self) -> int:
+        """The runs whose spans the receiver took: the warm-up's too."""
+        return WARMUP + self.measured.done
+
+
+@dataclass(frozen=True)
+class TracingRound:
+    """tracon with tracing off and on (alternating which goes first), then plain Celery."""
+
+    off: Traced
+    on: Traced
+    baseline: Measurement
+    order: tuple[Traced, Traced]  # as measured
+
+    @property
+    def ratio(self) -> float:
+        """on / off: the share of tracon's rate that survives tracing."""
+        off = self.off.measured.per_second
+        return self.on.measured.per_second / off if off else 0.0
+
+    def against_celery(self, side: Traced) -> float:
+        per_second = self.baseline.per_second
+        return side.measured.per_second / per_second if per_second else 0.0
+
+    @property
+    def complete(self) -> bool:
+        return all(m.complete for m in (self.off.measured, self.on.measured, self.baseline))
+
+
 # -- options -------------------------------------------------------------------------------
 
 
@@ -120,6 +175,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--keep", action="store_true", help="keep the work dir and its logs")
     parser.add_argument(
         "--rounds", type=int, default=ROUNDS, help="pairs of measurements; the median ratio counts"
+    )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="time tracon with tracing off and on (OTLP to a local receiver) in each round",
     )
     args = parser.parse_args(argv)
     if min(args.runs, args.concurrency, args.worker_concurrency, args.rounds) < 1:
@@ -141,6 +201,8 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
     redis_url = choose_redis(options.redis, workdir, cleanup)
     database = options.database or f"sqlite:///{workdir / 'tracon.db'}"
     env = tracon_env(write_config(workdir, options.worker_concurrency), database, redis_url)
+    if options.tracing:
+        return benchmark_tracing(options, env, redis_url, database, children, cleanup)
     rounds: list[Round] = []
     for _ in range(options.rounds):
         # each round from an empty Redis: a message a stopped worker had not acknowledged
@@ -155,6 +217,78 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
             break  # a failure is reported as it is: no more rounds
     print_report(options, redis_url, database, rounds)
     return 0 if all(r.tracon.complete and r.baseline.complete for r in rounds) else 1
+
+
+def benchmark_tracing(
+    options: Options,
+    env: dict[str, str],
+    redis_url: str,
+    database: str,
+    children: Supervisor,
+    cleanup: ExitStack,
+) -> int:
+    """`--tracing`: each round tracon with tracing off and on (the first of them alternating
+    from round to round, so a trend of the machine or the growing database weighs on both),
+    then plain Celery; every round from an empty Redis, every side with the machine to
+    itself."""
+    from bench.otlp_receiver import OtlpReceiver  # opentelemetry-proto: only here
+
+    receiver = cleanup.enter_context(OtlpReceiver())
+    traced = dict(
+        env,
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_TRACES_SAMPLER=TRACING_SAMPLER,
+    )
+    rounds: list[TracingRound] = []
+    for number in range(options.rounds):
+        sides: dict[bool, Traced] = {}
+        for tracing_on in (False, True) if number % 2 == 0 else (True, False):
+            redis.Redis.from_url(redis_url).flushdb()
+            sides[tracing_on] = measure_traced(
+                options, env, traced if tracing_on else None, database, children, receiver
+            )
+        redis.Redis.from_url(redis_url).flushdb()
+        baseline = measure_celery(options, redis_url, children)
+        children.stop()
+        order = (sides[False], sides[True]) if number % 2 == 0 else (sides[True], sides[False])
+        rounds.append(TracingRound(sides[False], sides[True], baseline, order))
+        if not rounds[-1].complete:
+            break  # a failure is reported as it is: no more rounds
+    problems = tracing_problems(rounds)
+    print_tracing_report(options, redis_url, database, receiver.endpoint, rounds, problems)
+    return 0 if all(r.complete for r in rounds) and not problems else 1
+
+
+def measure_traced(
+    options: Options,
+    env: dict[str, str],
+    served: dict[str, str] | None,
+    database: str,
+    children: Supervisor,
+    receiver: OtlpReceiver,
+) -> Traced:
+    """tracon measured with `served` as its web's and worker's environment (None: `env`,
+    tracing off), stopped, and the spans the receiver took from its start to its exit.
+
+    With tracing on, the processes are stopped only once no export has come for longer
+    than the batch processor's schedule delay, after the timer: a worker stopped with
+    SIGTERM (Drain off) leaves with `os._exit`, and the spans it still held would be lost
+    from the count."""
+    before = receiver.received()
+    label = "tracing off" if served is None else "tracing on"
+    measured, submitted = measure_tracon(
+        options,
+        env,
+        database,
+        children,
+        served=served,
+        label=label,
+        spans=lambda: receiver.received().total,
+    )
+    if served is not None and not receiver.wait_quiet(SCHEDULE_DELAY + 1.5, timeout=60.0):
+        print(f"warning: {label}: spans still coming in a minute after the runs ended")
+    children.stop()
+    return Traced(measured, submitted.latencies, receiver.received() - before)
 
 
 def choose_redis(wanted: str | None, workdir: Path, cleanup: ExitStack) -> str:
@@ -215,37 +349,52 @@ def tracon_env(config: Path, database: str, redis_url: str) -> dict[str, str]:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """Ours plus `extra`, with the project root importable (`bench` is not installed)."""
+    """Ours plus `extra`, with the project root importable (`bench` is not installed), and
+    without any `OTEL_*` variable: a child traces only when a benchmark says so in `extra`
+    (an endpoint left in the shell would otherwise turn tracing on and export elsewhere)."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return dict(os.environ, PYTHONPATH=path, **extra)
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return dict(inherited, PYTHONPATH=path, **extra)
 
 
 # -- measure A: tracon ---------------------------------------------------------------------
 
 
 def measure_tracon(
-    options: Options, env: dict[str, str], database: str, children: Supervisor
+    options: Options,
+    env: dict[str, str],
+    database: str,
+    children: Supervisor,
+    *,
+    served: dict[str, str] | None = None,
+    label: str = "tracon runs (HTTP)",
+    spans: Callable[[], int] | None = None,
 ) -> tuple[Measurement, Submitted]:
+    """`served`: the web's and the worker's environment when not `env` (the one-shot
+    commands get `env`); `spans`: a count of spans received so far, read as the timer
+    starts and stops."""
     api_key = issue_api_key(env)
-    base_url = start_tracon(env, children)
+    base_url = start_tracon(env if served is None else served, children)
     counter = RunCounter(database)
     clients = [api_client(base_url, api_key) for _ in range(options.concurrency)]
     try:
         warm_up_tracon(clients, counter, children)
         cpu = GroupCpu({child.name: child.popen.pid for child in children.running()})
+        spans_before = spans() if spans else 0
         started, client_cpu = time.perf_counter(), time.process_time()
         submitted = submit_runs(clients, options.runs)
         statuses = await_runs(counter, submitted.ids, options.timeout, children)
         seconds = time.perf_counter() - started
         cpu.stop()
         cpu.seconds["bench client"] = time.process_time() - client_cpu
+        spans_timed = spans() - spans_before if spans else 0
     finally:
         for client in clients:
             client.close()
         counter.close()
     done = statuses["Completed"]
     problem = "" if done == options.runs else f"not all Completed: {_shown(statuses)}"
-    measured = Measurement("tracon runs (HTTP)", options.runs, seconds, done, problem, cpu.seconds)
+    measured = Measurement(label, options.runs, seconds, done, problem, cpu.seconds, spans_timed)
     return measured, submitted
 
 
@@ -515,6 +664,127 @@ def latency_line(latencies: list[float]) -> str:
         f"submit latency (POST, Prefer: respond-async): p50 {cuts[49] * 1000:.1f} ms, "
         f"p95 {cuts[94] * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
     )
+
+
+# -- report of `--tracing` -----------------------------------------------------------------
+
+
+def tracing_problems(rounds: list[TracingRound]) -> list[str]:
+    """Why the on/off figure would be a lie: spans with tracing off, none (from the web or
+    the worker) with it on, an export the receiver refused."""
+    problems = []
+    for number, one in enumerate(rounds, 1):
+        if one.off.received.total:
+            problems.append(f"tracing off #{number}: {one.off.received.total} spans received")
+        got = one.on.received.spans
+        if not one.on.received.total:
+            problems.append(f"tracing on #{number}: no span received: tracing was not on")
+        for process in ("web", "worker"):
+            if not got.get(f"tracon-{process}"):
+                problems.append(f"tracing on #{number}: no span of the {process} received")
+        for side in (one.off, one.on):
+            if side.received.rejected:
+                problems.append(
+                    f"{side.measured.label} #{number}: the receiver refused "
+                    f"{side.received.rejected} of {side.received.requests} exports"
+                )
+    return problems
+
+
+def print_tracing_report(
+    options: Options,
+    redis_url: str,
+    database: str,
+    endpoint: str,
+    rounds: list[TracingRound],
+    problems: list[str],
+) -> None:
+    print(
+        f"B1 throughput, tracing off and on: {options.runs} runs, {options.concurrency} HTTP "
+        f"threads, worker concurrency {options.worker_concurrency}, {len(rounds)} round(s)"
+    )
+    print(f"  database {_safe_url(database)}  ·  redis {redis_url}")
+    print(f"  tracing on: OTEL_TRACES_SAMPLER={TRACING_SAMPLER}, OTLP/HTTP to {endpoint}\n")
+    print(f"  {'measure':<24} {'N':>6} {'seconds':>9} {'per s':>9}")
+    measured = []
+    for number, one in enumerate(rounds, 1):
+        measured += [(number, row) for row in (*(s.measured for s in one.order), one.baseline)]
+    for number, row in measured:
+        label = f"{row.label} #{number}"
+        print(f"  {label:<24} {row.count:>6} {row.seconds:>9.2f} {row.per_second:>9.1f}")
+    for number, row in measured:
+        if row.problem:
+            print(f"  FAILED {row.label} #{number}: {row.problem}")
+    for problem in problems:
+        print(f"  FAILED {problem}")
+    print()
+    print(f"  {spans_line(rounds)}")
+    sides = {"off": [one.off for one in rounds], "on": [one.on for one in rounds]}
+    for name, traced in sides.items():
+        ratios = [one.against_celery(side) for one, side in zip(rounds, traced, strict=True)]
+        print(f"  tracing {name} / celery = {_median_of(ratios)}")
+    for name, traced in sides.items():
+        print(f"  CPU ms per run, tracing {name}: {_cpu_per_run([s.measured for s in traced])}")
+    print(f"  CPU ms per run, celery: {_cpu_per_run([one.baseline for one in rounds])}")
+    for name, traced in sides.items():
+        latencies = [latency for side in traced for latency in side.latencies]
+        print(f"  tracing {name}: {latency_line(latencies)}")
+    print(f"  {tracing_line(rounds, ok=not problems)}")
+
+
+def spans_line(rounds: list[TracingRound]) -> str:
+    """Spans the receiver took per run with tracing on, per process (the warm-up's runs
+    counted), and how many came while the runs were timed."""
+    runs = sum(one.on.runs for one in rounds)
+    spans: Counter[str] = Counter()
+    requests = size = timed = 0
+    cpu = 0.0
+    for one in rounds:
+        spans.update(one.on.received.spans)
+        requests += one.on.received.requests
+        size += one.on.received.body_bytes
+        timed += one.on.measured.spans_timed
+        cpu += one.on.received.cpu_seconds
+    total = sum(spans.values())
+    if not runs or not total:
+        return "spans per run, tracing on: none received"
+    each = ", ".join(f"{name} {count / runs:.2f}" for name, count in sorted(spans.items()))
+    return (
+        f"spans per run, tracing on: {total / runs:.2f} ({each}; {total} spans of {runs} runs "
+        f"in {requests} exports, {size / 1e6:.1f} MB; {timed / total:.0%} received while "
+        f"timed; receiver CPU {cpu * 1000 / runs:.2f} ms per run)"
+    )
+
+
+def _cpu_per_run(rows: list[Measurement]) -> str:
+    """CPU milliseconds per completed run of each process over `rows`, while timed."""
+    seconds: dict[str, float] = {}
+    done: dict[str, int] = {}
+    for row in rows:
+        for name, spent in row.cpu.items():
+            seconds[name] = seconds.get(name, 0.0) + spent
+            done[name] = done.get(name, 0) + row.done
+    parts = [f"{name} {seconds[name] * 1000 / done[name]:.2f}" for name in seconds if done[name]]
+    return ", ".join(parts) if parts else "not known here (no /proc)"
+
+
+def tracing_line(rounds: list[TracingRound], *, ok: bool) -> str:
+    """The median of the rounds' on / off rates, held to `TRACING_GOAL` (missed whatever
+    it is when the spans say tracing was not what it should have been: `ok` False)."""
+    ratio = statistics.median(one.ratio for one in rounds) if rounds else 0.0
+    verdict = "met" if ok and ratio >= TRACING_GOAL else "missed"
+    return (
+        f"tracing on/off throughput = {_median_of([one.ratio for one in rounds])}   "
+        f"(goal >= {TRACING_GOAL:.2f}: {verdict})"
+    )
+
+
+def _median_of(ratios: list[float]) -> str:
+    if not ratios:
+        return "none"
+    each = ", ".join(f"{ratio:.2f}" for ratio in ratios)
+    median = f"median of {each}" if len(ratios) > 1 else "one round"
+    return f"{statistics.median(ratios):.2f} ({median})"
 
 
 def _safe_url(url: str) -> str:
