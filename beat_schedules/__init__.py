@@ -13,6 +13,7 @@ from celery import Celery
 
 from beat_schedules.schedule import build_schedule
 from beat_schedules.tasks import register_periodic_tasks
+from tracon_jobs.runs.retention import has_any_retention
 from tracon_jobs.runtime import Runtime
 
 __all__ = ["build_schedule", "install"]
@@ -24,6 +25,7 @@ def install(app: Celery, runtime: Runtime) -> None:
     """Register the periodic tasks on `app` and give its beat their schedule."""
     if app in _installed:
         return
-    app.conf.beat_schedule = build_schedule(runtime.settings)
+    tenant_retention = has_any_retention(runtime.run_retention)
+    app.conf.beat_schedule = build_schedule(runtime.settings, tenant_retention)
     register_periodic_tasks(app, runtime)
     _installed.add(app)

@@ -15,6 +15,7 @@ __all__ = [
     "IDEMPOTENCY_PURGE_TASK",
     "RECONCILE_TASK",
     "REQUEUE_TASK",
+    "RUN_RETENTION_TASK",
     "WORKFLOW_TIMERS_TASK",
     "build_schedule",
 ]
@@ -24,6 +25,7 @@ IDEMPOTENCY_PURGE_TASK = "tracon.idempotency.purge"
 RECONCILE_TASK = "tracon.reconcile.scan"
 APPROVAL_EXPIRY_TASK = "tracon.approvals.expire"
 WORKFLOW_TIMERS_TASK = "tracon.workflows.timers"
+RUN_RETENTION_TASK = "tracon.runs.retention"
 
 
 def requeue_interval(settings: Settings) -> float:
@@ -37,7 +39,10 @@ def idempotency_purge_interval(retention: timedelta) -> float:
     return min(max(retention / 24, timedelta(minutes=1)), timedelta(hours=1)).total_seconds()
 
 
-def build_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+def build_schedule(settings: Settings, tenant_retention: bool = False) -> dict[str, dict[str, Any]]:
+    """Every periodic task this configuration runs; `tenant_retention`: some tenant has a
+    run retention of its own (`tracon-jobs tenants retention`), which the settings cannot
+    tell."""
     interval = requeue_interval(settings)
     schedule = {
         "requeue-unclaimed-runs": {
@@ -72,5 +77,12 @@ def build_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "task": IDEMPOTENCY_PURGE_TASK,
             "schedule": purge,
             "options": {"expires": purge, "queue": CONTROL_QUEUE},
+        }
+    if settings.runs.retention is not None or tenant_retention:
+        scan = settings.runs.retention_scan_interval.total_seconds()
+        schedule["delete-runs-past-retention"] = {
+            "task": RUN_RETENTION_TASK,
+            "schedule": scan,
+            "options": {"expires": scan, "queue": CONTROL_QUEUE},
         }
     return schedule

@@ -25,6 +25,7 @@ from beat_schedules.schedule import (
     IDEMPOTENCY_PURGE_TASK,
     RECONCILE_TASK,
     REQUEUE_TASK,
+    RUN_RETENTION_TASK,
     WORKFLOW_TIMERS_TASK,
 )
 from tracon_jobs.coordination.periodic import LeaseRoutes
@@ -102,6 +103,23 @@ def register_periodic_tasks(app: Celery, runtime: Runtime) -> None:
         if result.deleted:
             log.info("deleted %d idempotency records past retention", result.deleted)
         return {"enabled": result.enabled, "deleted": result.deleted}
+
+    @app.task(name=RUN_RETENTION_TASK, bind=True, **PERIODIC)
+    def delete_runs_past_retention(task: Task, forwarded: bool = False) -> Any:
+        return run_periodic(runtime, task, RUN_RETENTION_TASK, forwarded, run_retention_pass)
+
+    def run_retention_pass() -> dict[str, Any]:
+        still_owner = functools.partial(runtime.leases.still_owner, RUN_RETENTION_TASK)
+        budget = runtime.settings.runs.retention_scan_interval / 2
+        result = runtime.run_retention.purge_once(runtime.db.now(), still_owner, budget)
+        if result.groups:
+            log.info(
+                "deleted %d run trees (%d runs) past retention%s",
+                result.trees,
+                result.runs,
+                "" if result.finished else "; the next pass goes on",
+            )
+        return result.as_json()
 
     @app.task(name=WORKFLOW_TIMERS_TASK, bind=True, **PERIODIC)
     def fire_workflow_timers(task: Task, forwarded: bool = False) -> Any:
