@@ -148,12 +148,18 @@ def rotation_grace() -> timedelta:
         )
     if "graceSeconds" not in body:
         return runtime().settings.webhooks.rotation_grace
-    seconds = body["graceSeconds"]
+    try:
+        return checked_grace(body["graceSeconds"])
+    except InvalidEndpoint as invalid:
+        raise refused(invalid) from None
+
+
+def checked_grace(seconds: Any) -> timedelta:
+    """`graceSeconds` held to its rule (the API's body and the console's rotate form take it
+    from here): a whole number of seconds from 0 to `MAX_GRACE_SECONDS`; InvalidEndpoint."""
     whole = isinstance(seconds, int | float) and not isinstance(seconds, bool)
     if not whole or seconds != int(seconds) or not 0 <= seconds <= MAX_GRACE_SECONDS:
-        raise bad_request(
-            f"graceSeconds: must be an integer from 0 to {MAX_GRACE_SECONDS}", field="graceSeconds"
-        )
+        raise InvalidEndpoint("graceSeconds", f"must be an integer from 0 to {MAX_GRACE_SECONDS}")
     return timedelta(seconds=int(seconds))
 
 

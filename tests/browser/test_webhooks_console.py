@@ -1,7 +1,7 @@
 """The console's webhooks pages in chromium: create an endpoint (its secret shown once, never
-again), see a delivery and its attempts, send it again, disable and enable, rotate the secret,
-delete; the form's rules; CSRF and tenant isolation. Deliveries are written into SQL as the
-deliverer leaves them (no worker delivers here)."""
+again), see a delivery and its attempts, send it again, edit its URL and events, disable and
+enable, rotate the secret, delete; the form's rules; CSRF and tenant isolation. Deliveries are
+written into SQL as the deliverer leaves them (no worker delivers here)."""
 
 from __future__ import annotations
 
@@ -122,6 +122,44 @@ def test_disable_enable_rotate_and_delete(console: Console) -> None:
     expect(page.locator(f"tr[data-endpoint-id='{endpoint.id}']")).to_have_count(0)
     assert store(console).page(tenant(console), 10) == []
     assert delivery_row(console.runtime.db, pending).status == "canceled"
+
+
+def test_edit_the_url_and_events_and_see_them_on_the_page(console: Console) -> None:
+    console.sign_in()
+    create_in_the_page(console)
+    endpoint = only_endpoint(console)
+    page = console.page
+    page.goto(console.url(f"/webhooks/{endpoint.id}"))
+    form = page.locator("#edit-webhook")
+    expect(form.locator("#edit-webhook-url")).to_have_value(URL)
+    expect(form.locator("input[name=events][value='run.completed']")).to_be_checked()
+
+    page.fill("#edit-webhook-url", URL + "/v2")
+    form.locator("input[name=events][value='run.completed']").uncheck()
+    form.locator("input[name=events][value='run.failed']").check()
+    page.fill("#edit-webhook-description", "")
+    page.click("#save-webhook")
+
+    expect(page.locator(".flash-ok")).to_contain_text("Endpoint saved")
+    expect(page.locator("h1")).to_have_text(URL + "/v2")
+    facts = page.locator("dl.facts")
+    expect(facts).to_contain_text("run.failed, approval.requested")
+    expect(facts).not_to_contain_text("run.completed")
+    expect(form.locator("#edit-webhook-url")).to_have_value(URL + "/v2")
+    expect(form.locator("input[name=events][value='run.failed']")).to_be_checked()
+    expect(form.locator("input[name=events][value='run.completed']")).not_to_be_checked()
+    console.screenshot("webhook-edited")
+    edited = only_endpoint(console)
+    assert (edited.url, edited.events, edited.description) == (
+        URL + "/v2",
+        ["run.failed", "approval.requested"],
+        None,
+    )
+    page.goto(console.url("/webhooks"))
+    listed = page.locator(f"tr[data-endpoint-id='{endpoint.id}']")
+    expect(listed).to_contain_text(URL + "/v2")
+    expect(listed).to_contain_text("run.failed, approval.requested")
+    assert console.console_errors == []
 
 
 def test_the_form_says_which_rule_a_url_or_the_events_break(console: Console) -> None:

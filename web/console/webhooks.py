@@ -1,14 +1,18 @@
 """The console's webhooks pages: the signed-in tenant's endpoints, a new one (its secret shown
 once, on the answer to the form, never in a cookie or a redirect), and one endpoint with its
-recent deliveries and their attempts: disable or enable it, rotate its secret, delete it,
-send a delivery again.
+recent deliveries and their attempts: edit it (URL, event types, description), disable or
+enable it, rotate its secret (with the grace asked for, or `Webhooks.RotationGrace`), delete
+it, send a delivery again.
 
-The forms go through the same store and the same rules as `POST /api/webhooks`; an endpoint
-of another tenant is a 404, exactly as in the API.
+The forms go through the same store and the same rules as `POST /api/webhooks`,
+`PATCH /api/webhooks/{id}` and `POST /api/webhooks/{id}/rotate-secret`; an endpoint of another
+tenant is a 404, exactly as in the API.
 """
 
 from __future__ import annotations
 
+from contextlib import suppress
+from datetime import timedelta
 from typing import Any
 
 from flask import flash, redirect, render_template, request, url_for
@@ -27,7 +31,7 @@ from tracon_jobs.webhooks.events import TENANT_EVENTS
 from web.console.blueprint import bp
 from web.console.session import current_tenant
 from web.extensions import runtime
-from web.webhooks import destinations, endpoint_store
+from web.webhooks import checked_grace, destinations, endpoint_store
 
 DELIVERIES_SHOWN = 50
 """The most recent deliveries the endpoint's page lists."""
@@ -54,11 +58,7 @@ def _list_page(form: dict[str, Any] | None = None, error: str | None = None) -> 
 @bp.post("/webhooks")
 def create_webhook() -> ResponseReturnValue:
     """Create, then show the endpoint's page with its secret: this answer is its only view."""
-    form = {
-        "url": (request.form.get("url") or "").strip(),
-        "events": request.form.getlist("events"),
-        "description": (request.form.get("description") or "").strip() or None,
-    }
+    form = _endpoint_form()
     try:
         changes = checked(form, destinations(), creating=True)
     except InvalidEndpoint as invalid:
@@ -69,13 +69,28 @@ def create_webhook() -> ResponseReturnValue:
     return _endpoint_page(endpoint, secret=secret, note="Endpoint created.")
 
 
+def _endpoint_form() -> dict[str, Any]:
+    """The fields of the new-endpoint and edit forms, as typed (an empty description: none)."""
+    return {
+        "url": (request.form.get("url") or "").strip(),
+        "events": request.form.getlist("events"),
+        "description": (request.form.get("description") or "").strip() or None,
+    }
+
+
+FIELD_NAMES = {
+    "url": "The URL",
+    "events": "Events",
+    "description": "The description",
+    "graceSeconds": "The grace",
+}
+"""The API's field names as the forms name them."""
+
+
 def _worded(invalid: InvalidEndpoint) -> str:
     """The rule broken, named as the form names its fields."""
     name = invalid.field.split("[", 1)[0]
-    field = {"url": "The URL", "events": "Events", "description": "The description"}.get(
-        name, "The form"
-    )
-    return f"{field} {invalid.rule}."
+    return f"{FIELD_NAMES.get(name, 'The form')} {invalid.rule}."
 
 
 @bp.get("/webhooks/<endpoint_id>")
@@ -91,9 +106,19 @@ def _owned(endpoint_id: str) -> Endpoint:
 
 
 def _endpoint_page(
-    endpoint: Endpoint, *, secret: str | None = None, note: str | None = None
+    endpoint: Endpoint,
+    *,
+    secret: str | None = None,
+    note: str | None = None,
+    form: dict[str, Any] | None = None,
+    error: str | None = None,
+    grace: str = "",
+    grace_error: str | None = None,
 ) -> str:
+    """The endpoint's page; `form` and `error` are an edit to show again as typed with the
+    rule it broke, `grace` and `grace_error` a rotation's."""
     deliveries = endpoint_store().deliveries(current_tenant(), endpoint.id, DELIVERIES_SHOWN)
+    default_grace = runtime().settings.webhooks.rotation_grace
     return render_template(
         "console/webhook.html",
         endpoint=endpoint,
@@ -101,7 +126,36 @@ def _endpoint_page(
         secret=secret,
         note=note,
         now=runtime().db.now(),
+        event_types=TENANT_EVENTS,
+        form=form
+        or {
+            "url": endpoint.url,
+            "events": list(endpoint.events or []),
+            "description": endpoint.description,
+        },
+        error=error,
+        grace=grace,
+        grace_error=grace_error,
+        default_grace=int(default_grace.total_seconds()),
     )
+
+
+@bp.post("/webhooks/<endpoint_id>/edit")
+def edit_webhook(endpoint_id: str) -> ResponseReturnValue:
+    """Change the URL, the event types and the description, as `PATCH /api/webhooks/{id}`
+    does; a form that breaks a rule is shown again as typed, naming the rule."""
+    endpoint = _owned(endpoint_id)
+    form = _endpoint_form()
+    try:
+        changes = checked(form, destinations(), creating=False)
+    except InvalidEndpoint as invalid:
+        return _endpoint_page(endpoint, form=form, error=_worded(invalid)), 400
+    try:
+        endpoint_store().update(current_tenant(), endpoint_id, changes)
+    except EndpointNotFound:
+        raise NotFound(f"There is no webhook endpoint {endpoint_id} in this tenant.") from None
+    flash("Endpoint saved.", "ok")
+    return redirect(url_for("console.webhook_page", endpoint_id=endpoint_id))
 
 
 @bp.post("/webhooks/<endpoint_id>/enabled")
@@ -117,13 +171,31 @@ def set_enabled(endpoint_id: str) -> ResponseReturnValue:
 
 @bp.post("/webhooks/<endpoint_id>/rotate")
 def rotate(endpoint_id: str) -> ResponseReturnValue:
-    """Rotate, then show the new secret on this answer (never in a cookie or a redirect)."""
-    grace = runtime().settings.webhooks.rotation_grace
+    """Rotate, then show the new secret on this answer (never in a cookie or a redirect). The
+    grace is the form's seconds, held to `graceSeconds`'s rule, or `Webhooks.RotationGrace`
+    when left empty."""
+    endpoint = _owned(endpoint_id)
+    typed = (request.form.get("grace") or "").strip()
+    try:
+        grace = _grace(typed)
+    except InvalidEndpoint as invalid:
+        return _endpoint_page(endpoint, grace=typed, grace_error=_worded(invalid)), 400
     try:
         endpoint, secret = endpoint_store().rotate_secret(current_tenant(), endpoint_id, grace)
     except EndpointNotFound:
         raise NotFound(f"There is no webhook endpoint {endpoint_id} in this tenant.") from None
     return _endpoint_page(endpoint, secret=secret, note="Secret rotated.")
+
+
+def _grace(typed: str) -> timedelta:
+    """The rotate form's grace: none typed, `Webhooks.RotationGrace`; else the number typed
+    (text that is not a whole number is handed on as it is, and refused by the rule)."""
+    if not typed:
+        return runtime().settings.webhooks.rotation_grace
+    seconds: Any = typed
+    with suppress(ValueError):
+        seconds = int(typed)
+    return checked_grace(seconds)
 
 
 @bp.post("/webhooks/<endpoint_id>/delete")
