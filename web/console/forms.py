@@ -87,17 +87,28 @@ class Answer:
 
 def answer_form() -> Answer:
     """The answer to a workflow's `ask`: any JSON, as `POST .../respond` takes it."""
-    text = (request.form.get("answer") or "").strip()
+    return json_form("answer", 'Write an answer: any JSON, such as {"text": "send it"}.')
+
+
+def payload_form() -> Answer:
+    """An event's payload: any JSON, as `POST .../events/{name}` takes it (none is null)."""
+    return json_form("payload", None)
+
+
+def json_form(field: str, when_empty: str | None) -> Answer:
+    """The JSON typed in `field`, at most `MAX_ANSWER` characters; empty is the error
+    `when_empty`, or null when that is None."""
+    text = (request.form.get(field) or "").strip()
     if not text:
-        return Answer(text, error='Write an answer: any JSON, such as {"text": "send it"}.')
+        return Answer(text) if when_empty is None else Answer(text, error=when_empty)
     if len(text) > MAX_ANSWER:
-        return Answer(text, error=f"The answer is longer than {MAX_ANSWER:,} characters.")
+        return Answer(text, error=f"The {field} is longer than {MAX_ANSWER:,} characters.")
     try:
         return Answer(text, json.loads(text))
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}, column {exc.colno}"
         return Answer(
-            text, error=f"The answer is not JSON ({exc.msg} at {where}); text goes in quotes."
+            text, error=f"The {field} is not JSON ({exc.msg} at {where}); text goes in quotes."
         )
 
 

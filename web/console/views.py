@@ -6,7 +6,6 @@ approval of another tenant is a 404, exactly as in the API.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +119,7 @@ def deliver_event(run_id: str) -> ResponseReturnValue:
     name = request.form.get("event") or ""
     if not 1 <= len(name) <= MAX_EVENT_NAME:
         raise BadRequest(f"An event's name is 1 to {MAX_EVENT_NAME} characters.")
-    payload = payload_form()
+    payload = forms.payload_form()
     if payload.error is not None:  # the page again, with what was typed and why it is refused
         context = {**run_context(run), "payload": payload}
         return render_template("console/run.html", **context), 400
@@ -144,25 +143,6 @@ def deliver_event(run_id: str) -> ResponseReturnValue:
 
 MAX_EVENT_NAME = 200
 """Characters of an event's name (as `ctx.wait_for` and the events route take it)."""
-
-
-def payload_form() -> forms.Answer:
-    """An event's payload as typed: any JSON, as `POST .../events/{name}` takes it (none is
-    null), at most `forms.MAX_ANSWER` characters."""
-    text = (request.form.get("payload") or "").strip()
-    if not text:
-        return forms.Answer(text, None)
-    if len(text) > forms.MAX_ANSWER:
-        return forms.Answer(
-            text, error=f"The payload is longer than {forms.MAX_ANSWER:,} characters."
-        )
-    try:
-        return forms.Answer(text, json.loads(text))
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno}, column {exc.colno}"
-        return forms.Answer(
-            text, error=f"The payload is not JSON ({exc.msg} at {where}); text goes in quotes."
-        )
 
 
 def owned_run(run_id: str) -> Run:
