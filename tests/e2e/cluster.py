@@ -51,7 +51,7 @@ class Cluster:
 
     def worker(self, name: str, concurrency: int = 4) -> Process:
         process = self.start(name, "worker", "-n", f"{name}@%h", "-c", str(concurrency))
-        wait_for_log(process, "ready.", timeout=30)
+        wait_for_log(process, "ready.", timeout=STARTUP_SECONDS)
         return process
 
     def web(self, workers: int = 1, name: str = "web", threads: int = 8) -> tuple[Process, str]:
@@ -62,7 +62,10 @@ class Cluster:
         )
         base = f"http://127.0.0.1:{port}"
         wait_until(
-            lambda: _answers(base + "/healthz"), timeout=30, what="web /healthz", watch=[process]
+            lambda: _answers(base + "/healthz"),
+            timeout=STARTUP_SECONDS,
+            what="web /healthz",
+            watch=[process],
         )
         return process, base
 
@@ -72,6 +75,10 @@ class Cluster:
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.text()[-4000:]}" for p in self.children.children)
 
+
+STARTUP_SECONDS = 90
+"""How long a process may take to start: a second or two on a quiet machine, far more on a
+loaded CI runner; a process that exits first fails the test at once (`ChildExited`)."""
 
 FAST_RECONCILE = {
     "Enabled": True,

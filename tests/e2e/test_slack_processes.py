@@ -18,7 +18,7 @@ from tests.e2e.cluster import Cluster, wait_until
 from tests.fake_slack import FakeSlack, click, signed
 from tests.helpers import MakeRuntime, Script, run_of, scripted_agent
 from tests.helpers import log_lines as lines
-from tracon_jobs.db.models import WebhookDelivery
+from tracon_jobs.db.models import SlackMessage, WebhookDelivery
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runs.views import approval_json
 from tracon_jobs.runtime import Runtime
@@ -39,6 +39,12 @@ def fake_slack() -> Iterator[FakeSlack]:
     fake = FakeSlack(TOKEN).start()
     yield fake
     fake.stop()
+
+
+def recorded(runtime: Runtime, approval_id: str) -> bool:
+    """Whether the approval's Slack message is recorded (its channel and ts)."""
+    with runtime.db.read() as session:
+        return session.get(SlackMessage, approval_id) is not None
 
 
 def test_twenty_concurrent_clicks_make_one_decision_one_resume_and_one_update(
@@ -76,7 +82,9 @@ def test_twenty_concurrent_clicks_make_one_decision_one_resume_and_one_update(
         lambda: run_of(runtime, run_id).status == "Waiting", timeout=30, what="the run waits"
     )
     [approval_id] = runtime.approval_store.pending_ids(run_id)
-    wait_until(lambda: len(fake_slack.calls_of("chat.postMessage")) == 1, timeout=30, what="posted")
+    # (its ts is recorded just after Slack's answer: a retry in between would post again)
+    wait_until(lambda: recorded(runtime, approval_id), timeout=30, what="the post recorded")
+    assert len(fake_slack.calls_of("chat.postMessage")) == 1
     assert runtime.slack.post(approval_id).status == 204  # posted once: a retry posts nothing
 
     # When twenty people click Approve at the same moment, each on a connection of their own

@@ -276,7 +276,12 @@ def test_a_child_run_nests_under_its_tool_call_and_content_is_recorded_when_aske
 
     # Then the helper's submission is a child of the boss's tool call, in the same trace
     wanted = has(
-        "execute_tool helper", "submit helper", "invoke_agent helper", trace_id=CLIENT_TRACE
+        "execute_tool helper",
+        "submit helper",
+        "invoke_agent helper",
+        "invoke_agent boss",  # ends after the helper's: exported in a later batch
+        "chat worker-model",
+        trace_id=CLIENT_TRACE,
     )
     spans = in_trace(receiver.wait_for(wanted), CLIENT_TRACE)
     by_name = {span.name: span for span in spans}

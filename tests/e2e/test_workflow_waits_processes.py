@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.cluster import Cluster, wait_until
 from tests.helpers import MakeRuntime, run_of, scripted_agent
 from tests.helpers import log_lines as lines
-from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runs.store import NewRun, Run
 from tracon_jobs.runtime import Runtime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -27,22 +27,26 @@ SECTIONS: dict[str, Any] = scripted_agent([{"Text": "-"}]) | {
 }
 
 
-def chain_end(runtime: Runtime, run_id: str) -> str:
-    """The last run of `run_id`'s chain, once it ended (following each `continuedIn`)."""
+def chain_end(runtime: Runtime, run_id: str) -> Run:
+    """The last run of `run_id`'s chain so far (following each `continuedIn`), each run read
+    once: a run read again could have ended and been continued in between."""
     while True:
         run = run_of(runtime, run_id)
         following = (run.output or {}).get("continuedIn")
         if not following:
-            return run_id
+            return run
         run_id = str(following)
 
 
 def ended(runtime: Runtime, run_id: str, timeout: float = 30) -> str:
+    last: list[Run] = []
+
     def done() -> bool:
-        return run_of(runtime, chain_end(runtime, run_id)).status in ("Completed", "Failed")
+        last[:] = [chain_end(runtime, run_id)]
+        return last[0].status in ("Completed", "Failed")
 
     wait_until(done, timeout=timeout, what=f"the chain of {run_id} ended")
-    return chain_end(runtime, run_id)
+    return last[0].id
 
 
 def test_a_timer_outlives_a_killed_worker_and_a_restarted_beat_and_fires_once(

@@ -39,6 +39,7 @@ def session(tmp_path: Path, test: str, plugin: str, ci: str | None) -> tuple[int
     (tmp_path / "test_probe.py").write_text(test)
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
     env["PYTHONPATH"] = str(REPO)
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the fixtures' plugin is all it needs
     env["TRACON_TEST_POSTGRES_URL"] = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x"
     if ci is not None:
         env["CI"] = ci

@@ -492,6 +492,10 @@ def test_nobody_listening_costs_no_statement_and_no_redis_command(
 ) -> None:
     # Given the outbox wired as every process has it, and no endpoint anywhere
     runtime = runtime_for(make_runtime, sql_url)
+    # (its listener subscribed before counting starts: the SUBSCRIBE is not a run's)
+    assert isinstance(runtime.subscriptions, RedisSubscriptions)
+    runtime.subscriptions.current()
+    assert runtime.subscriptions.subscribed.wait(5)
     trips = RoundTrips(runtime, redis_url)
     outbox = runtime.runs.outbox
 

@@ -173,6 +173,9 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
         "-E",
         "-Q",
         "tracon.runs,tracon.control",
+        # Mingle asks the other workers for their revoked task ids and waits a second for
+        # the answer; runs are canceled through the run store, never by a Celery revoke.
+        "--without-mingle",
         "--loglevel",
         log_level(),
         *rest,

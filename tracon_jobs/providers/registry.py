@@ -13,9 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from tracon_jobs.errors import ConfigurationError, ProviderError
-from tracon_jobs.providers.anthropic import AnthropicProvider
 from tracon_jobs.providers.base import Provider
-from tracon_jobs.providers.openai import OpenAIProvider
 from tracon_jobs.providers.scripted import ScriptedProvider, ScriptStepLike
 
 logger = logging.getLogger(__name__)
@@ -42,9 +40,14 @@ class ProviderSettingsLike(Protocol):
 def build_provider(
     name: str, settings: ProviderSettingsLike, environ: Mapping[str, str] = os.environ
 ) -> Provider:
-    """A new provider for `Providers.<name>`; `ConfigurationError` names what is wrong."""
+    """A new provider for `Providers.<name>`; `ConfigurationError` names what is wrong.
+
+    Each SDK is imported here, by the first provider of its kind: `anthropic` alone costs a
+    process about a second of CPU to import, and most processes never build one."""
     kind = str(getattr(settings.kind, "value", settings.kind)).lower()
     if kind == "openai":
+        from tracon_jobs.providers.openai import OpenAIProvider
+
         return OpenAIProvider(
             name,
             base_url=settings.base_url,
@@ -56,6 +59,8 @@ def build_provider(
     if kind == "scripted":
         return ScriptedProvider.from_settings(name, settings.script or [])
     if kind == "anthropic":
+        from tracon_jobs.providers.anthropic import AnthropicProvider
+
         return AnthropicProvider(
             name,
             base_url=settings.base_url,
