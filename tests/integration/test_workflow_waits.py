@@ -175,6 +175,40 @@ def test_without_buffering_an_event_nobody_waits_for_is_refused(
     assert not delivered.kept
 
 
+def test_an_event_stranded_by_a_worker_dying_after_its_wait_is_given_by_the_timer_scan(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    # Given an event kept for a chain whose run then waits for it, and whose worker died
+    # between committing the wait and looking for kept events (nobody looks again)
+    runtime = runtime_for(make_runtime, sql_url)
+    first = start(runtime, "await-payment", {})
+    other = start(runtime, "await-payment", {})
+    run = run_of(runtime, first)
+    store = runtime.workflow_store
+    store.keep_event(run.tenant_id, first, "paid", {"amount": 5})
+    store.keep_event(run.tenant_id, other, "refunded", {"amount": 1})  # not what it waits for
+    runtime.workflow_runner.event_waited = None  # died before its look
+    original = store.take_event
+    store.take_event = lambda *args: None  # type: ignore[method-assign]  # it looked too early
+    assert runtime.executor.execute(first) == "Waiting"
+    assert runtime.executor.execute(other) == "Waiting"
+    store.take_event = original  # type: ignore[method-assign]
+    resumes = runtime.workflow_resumes
+
+    # When the timer scan passes, at once (the worker's own look may still come) and later
+    assert resumes.fire_due(runtime.db.now()) == 0
+    later = runtime.db.now() + timedelta(seconds=3)
+    assert resumes.fire_due(later) == 1
+    assert resumes.fire_due(later) == 0
+
+    # Then the kept event answered the stranded wait, once; the other run still waits
+    second = continued(runtime, first)
+    assert runtime.executor.execute(second) == "Completed"
+    assert run_of(runtime, second).output == {"result": {"order": "A-1", "paid": {"amount": 5}}}
+    assert run_of(runtime, other).status == "Waiting"
+    assert store.kept_events(other) == 1
+
+
 def test_a_wait_written_after_its_event_was_kept_takes_it_in_the_same_execution(
     make_runtime: MakeRuntime, sql_url: str
 ) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from tracon_jobs.db.models import Run
@@ -36,6 +36,9 @@ DUE_BATCH = 200
 """Waits the timer scan answers per query; a pass reads again until fewer come back."""
 DUE_BATCHES = 50
 """The most batches one pass answers (10,000 waits); the next pass takes the rest."""
+STRANDED_AFTER = timedelta(seconds=2)
+"""How old an event wait must be before the scan looks for an event kept for it: younger,
+its own worker's look after its commit is still on its way."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ class WorkflowResumes:
 
     def fire_due(self, now: datetime) -> int:
         """Answer every timer and event timeout due by `now` (of runs still `Waiting`), each
-        in the run that continues its chain; how many were answered here. Two passes racing
+        in the run that continues its chain, and each event wait whose event was kept before
+        it and stranded (`WorkflowStore.stranded`); how many were answered here. Two passes racing
         answer each wait once: the loser's answer is a `RequestConflict`."""
         fired = 0
         for _ in range(DUE_BATCHES):
@@ -109,6 +113,10 @@ class WorkflowResumes:
                 fired += 1
             if len(due) < DUE_BATCH:
                 break
+        for run_id in self.store.stranded(now - STRANDED_AFTER, DUE_BATCH):
+            if self.give_kept_event(run_id) is not None:
+                log.warning("run %s: its kept event answered its wait late", run_id)
+                fired += 1
         return fired
 
     def deliver(self, run: Run, name: str, payload: Any) -> Delivered:

@@ -64,6 +64,7 @@ class Waits(BaseException):
         payload: Any = None,
         until: datetime | timedelta | None = None,
         event: str = "",
+        chain: str = "",
     ) -> None:
         super().__init__(node)
         self.node = node
@@ -71,6 +72,7 @@ class Waits(BaseException):
         self.payload = payload
         self.until = until  # a timer's time, an event wait's timeout (None: none)
         self.event = event
+        self.chain = chain  # an event wait's chain (its first run): where its events are kept
 
 
 class WorkflowRunner:
@@ -147,7 +149,7 @@ class WorkflowRunner:
             self.store.sleep(claim, waiting.node, waiting.until)
         else:
             timeout = waiting.until if isinstance(waiting.until, timedelta) else None
-            self.store.await_event(claim, waiting.node, waiting.event, timeout)
+            self.store.await_event(claim, waiting.node, waiting.event, timeout, waiting.chain)
             if self.event_waited is not None:  # an event kept while the wait was written
                 self.event_waited(claim.run_id)
 
@@ -312,7 +314,7 @@ class WorkflowExecution:
             return kept.value
         attributes = {"tracon.workflow.node": node, "tracon.workflow.event": event}
         tracing.current_span().event("tracon.workflow.wait_for", attributes)
-        raise Waits(node, "event", until=timeout, event=event)
+        raise Waits(node, "event", until=timeout, event=event, chain=self.logical_id)
 
     def report_usage(self, amount: Decimal, currency: str) -> None:
         counted = currency == self.runner.settings.pricing.currency and amount > 0

@@ -206,11 +206,13 @@ class WorkflowStore:
         self._wait(claim, node, "timer", None, until, "WorkflowTimerStarted", {"node": node})
 
     @rides_out_outages
-    def await_event(self, claim: Claim, node: str, name: str, timeout: timedelta | None) -> None:
-        """Put the run `Waiting` for the event `name` (its timeout, if any, fires as the timer
-        scan's `due`)."""
+    def await_event(
+        self, claim: Claim, node: str, name: str, timeout: timedelta | None, chain: str
+    ) -> None:
+        """Put the run `Waiting` for the event `name` kept for `chain` (its timeout, if any,
+        fires as the timer scan's `due`)."""
         data = {"node": node, "event": name}
-        payload = {"event": name}
+        payload = {"event": name, "chain": chain}
         self._wait(claim, node, "event", payload, timeout, "WorkflowEventAwaited", data)
 
     def _wait(
@@ -319,6 +321,35 @@ class WorkflowStore:
         )
         with self.db.read() as session:
             return [Due(row.run_id, row.node, row.kind) for row in session.execute(query)]
+
+    @rides_out_outages
+    def stranded(self, before: datetime, limit: int) -> list[str]:
+        """Runs `Waiting` (since before `before`) for an event their chain was sent and keeps.
+
+        Each side of a wait and its event looks at the other after its own commit, so one of
+        them always finds the other; but a worker that dies between committing the wait and
+        that look leaves an event kept before the wait with nobody to find it. The timer
+        scan answers these (`WorkflowResumes.give_kept_event`)."""
+        query = (
+            select(NODES.c.run_id)
+            .join(RUNS, RUNS.c.id == NODES.c.run_id)
+            .join(
+                EVENTS,
+                (EVENTS.c.chain_id == NODES.c.payload["chain"].as_string())
+                & (EVENTS.c.name == NODES.c.payload["event"].as_string())
+                & EVENTS.c.consumed_at.is_(None),
+            )
+            .where(
+                NODES.c.status == "asked",
+                NODES.c.kind == "event",
+                NODES.c.created_at < before,
+                RUNS.c.status == RunStatus.WAITING.value,
+            )
+            .distinct()
+            .limit(limit)
+        )
+        with self.db.read() as session:
+            return [str(run_id) for run_id in session.execute(query).scalars()]
 
     # -- continuing a chain ------------------------------------------------------------------
 
