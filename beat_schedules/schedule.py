@@ -16,6 +16,7 @@ __all__ = [
     "RECONCILE_TASK",
     "REQUEUE_TASK",
     "RUN_RETENTION_TASK",
+    "SCHEDULES_TASK",
     "WORKFLOW_TIMERS_TASK",
     "build_schedule",
 ]
@@ -26,6 +27,7 @@ RECONCILE_TASK = "tracon.reconcile.scan"
 APPROVAL_EXPIRY_TASK = "tracon.approvals.expire"
 WORKFLOW_TIMERS_TASK = "tracon.workflows.timers"
 RUN_RETENTION_TASK = "tracon.runs.retention"
+SCHEDULES_TASK = "tracon.schedules.fire"
 
 
 def requeue_interval(settings: Settings) -> float:
@@ -64,6 +66,13 @@ def build_schedule(settings: Settings, tenant_retention: bool = False) -> dict[s
         "schedule": timers,
         "options": {"expires": timers, "queue": CONTROL_QUEUE},
     }
+    if settings.schedules.enabled:
+        scan = settings.schedules.scan_interval.total_seconds()
+        schedule["fire-schedules"] = {
+            "task": SCHEDULES_TASK,
+            "schedule": scan,
+            "options": {"expires": scan, "queue": CONTROL_QUEUE},
+        }
     expiry = settings.approvals.expiry_scan_interval.total_seconds()
     schedule["expire-approvals"] = {
         "task": APPROVAL_EXPIRY_TASK,

@@ -26,6 +26,7 @@ from beat_schedules.schedule import (
     RECONCILE_TASK,
     REQUEUE_TASK,
     RUN_RETENTION_TASK,
+    SCHEDULES_TASK,
     WORKFLOW_TIMERS_TASK,
 )
 from tracon_jobs.coordination.periodic import LeaseRoutes
@@ -130,6 +131,17 @@ def register_periodic_tasks(app: Celery, runtime: Runtime) -> None:
         if fired:
             log.info("continued %d workflow runs whose timer or event timeout was due", fired)
         return {"fired": fired}
+
+    @app.task(name=SCHEDULES_TASK, bind=True, **PERIODIC)
+    def fire_schedules(task: Task, forwarded: bool = False) -> Any:
+        return run_periodic(runtime, task, SCHEDULES_TASK, forwarded, schedules_pass)
+
+    def schedules_pass() -> dict[str, Any]:
+        still_owner = functools.partial(runtime.leases.still_owner, SCHEDULES_TASK)
+        result = runtime.schedule_firing.scan_once(runtime.db.now(), still_owner)
+        if result.runs:
+            log.info("started %d scheduled runs", len(result.runs))
+        return result.as_json()
 
     @app.task(name=APPROVAL_EXPIRY_TASK, bind=True, **PERIODIC)
     def expire_approvals(task: Task, forwarded: bool = False) -> Any:

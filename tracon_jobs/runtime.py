@@ -48,9 +48,11 @@ from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
 from tracon_jobs.resilience.rate_limits import RateLimits, RedisRateStore, limits_of
 from tracon_jobs.resilience.views import circuits_view
 from tracon_jobs.runs.approvals import Approvals, ApprovalStore
+from tracon_jobs.runs.cancel import cancel_tree
 from tracon_jobs.runs.continuation import Continuations
 from tracon_jobs.runs.dispatch import FairShare, RunDispatcher, Sender
 from tracon_jobs.runs.executor import Resilience, RunExecutor
+from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.live import LiveRuns
 from tracon_jobs.runs.parking import Resumer
 from tracon_jobs.runs.reconcile import Reconciler
@@ -58,6 +60,9 @@ from tracon_jobs.runs.retention import RunRetention
 from tracon_jobs.runs.retries import Sleep
 from tracon_jobs.runs.store import RunStore
 from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT, SubAgents
+from tracon_jobs.schedules.definition import ScheduleTargets
+from tracon_jobs.schedules.firing import FiringPolicy, ScheduleFiring
+from tracon_jobs.schedules.store import ScheduleStore
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
 from tracon_jobs.webhooks.addresses import Destinations
@@ -491,6 +496,41 @@ class Runtime:
             config.retention,
             batch=config.retention_batch,
             archive_directory=config.archive_directory,
+        )
+
+    @cached_property
+    def schedules(self) -> ScheduleStore:
+        return ScheduleStore(self.db)
+
+    @property
+    def schedule_targets(self) -> ScheduleTargets:
+        """What a schedule may run here: a configured agent, a registered workflow."""
+        return ScheduleTargets(
+            agent=lambda name: name in self.settings.agents,
+            workflow=self.workflow_registry.knows,
+        )
+
+    @cached_property
+    def schedule_firing(self) -> ScheduleFiring:
+        """Beat's firing pass of the tenants' schedules."""
+        config = self.settings.schedules
+        return ScheduleFiring(
+            self.db,
+            self.runs,
+            self.dispatcher,
+            self.schedule_targets,
+            self.cancel_run,
+            FiringPolicy(config.max_catch_up, config.misfire_grace, self.settings.pricing.currency),
+            workflow_version=self.workflow_registry.version_of,
+        )
+
+    def cancel_run(self, run_id: str) -> list[str]:
+        """Cancel a live run and its descendants, as `POST /api/runs/{id}/cancel` does."""
+        run = self.runs.get(run_id)
+        if run is None or RunStatus(run.status).is_terminal:
+            return []
+        return cancel_tree(
+            self.runs, self.cancel_bus, self.approval_store, run, self.dispatcher.taken
         )
 
     def open_connections(self) -> None:

@@ -31,6 +31,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
         problems,
         quota,
         runs,
+        schedules,
         tracing,
         webhooks,
         workflows,
@@ -56,6 +57,7 @@ def create_app(runtime: Runtime | None = None, test_config: dict[str, Any] | Non
     app.register_blueprint(quota.bp)
     app.register_blueprint(openai_compat.bp)
     app.register_blueprint(webhooks.bp)
+    app.register_blueprint(schedules.bp)
     console.init_app(app)
     app.register_blueprint(agents.bp)
     app.register_blueprint(integrations.bp)  # Slack's interactions, one-time approval links

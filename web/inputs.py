@@ -40,6 +40,7 @@ PATH_FIELDS = {
     "approval_id": "id",
     "endpoint_id": "id",
     "delivery_id": "deliveryId",
+    "schedule_id": "id",
 }
 """Path parameters by the name the API description gives them."""
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}

@@ -17,6 +17,8 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 import tracon_jobs
+from tracon_jobs.schedules.definition import NAME_MAX
+from tracon_jobs.schedules.policies import CatchUp, Outcome, Overlap
 from tracon_jobs.settings import Settings
 from tracon_jobs.webhooks.addresses import MAX_URL_LENGTH
 from tracon_jobs.webhooks.endpoints import DELIVERY_STATUSES, MAX_DESCRIPTION, TENANT_TYPES
@@ -1728,6 +1730,152 @@ def webhook_schemas(allow_http: bool) -> dict[str, Any]:
     }
 
 
+# -- schedules ------------------------------------------------------------------------
+
+SCHEDULE_ID = _path("id", {"type": "string", "format": "uuid"}, "a schedule's id")
+SCHEDULE_TARGET: dict[str, Any] = {
+    "type": "object",
+    "description": "one key: a configured agent or a registered workflow (else 422)",
+    "minProperties": 1,
+    "maxProperties": 1,
+    "additionalProperties": False,
+    "properties": {
+        "agent": {"type": "string", "minLength": 1},
+        "workflow": {"type": "string", "minLength": 1},
+    },
+}
+SCHEDULE_POLICIES: dict[str, Any] = {
+    "overlap": {"enum": [o.value for o in Overlap], "default": "skip"},
+    "catchUp": {"enum": [c.value for c in CatchUp], "default": "none"},
+}
+SCHEDULE_FIELDS = [
+    "id",
+    "name",
+    "cron",
+    "timezone",
+    "interval",
+    "target",
+    "input",
+    "overlap",
+    "catchUp",
+    "paused",
+    "nextFireAt",
+    "lastFireAt",
+    "lastRunId",
+    "createdAt",
+]
+SCHEDULE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": SCHEDULE_FIELDS,
+    "properties": {
+        "id": {"type": "string"},
+        "name": {"type": "string"},
+        "cron": {"type": ["string", "null"]},
+        "timezone": {"type": ["string", "null"], "description": "a cron schedule's zone"},
+        "interval": {"type": ["number", "null"], "description": "seconds"},
+        "target": {"type": "object"},
+        "input": {"type": "object"},
+        **SCHEDULE_POLICIES,
+        "paused": {"type": "boolean"},
+        "nextFireAt": {**MAYBE_TIMESTAMP, "description": "null while paused"},
+        "lastFireAt": {**MAYBE_TIMESTAMP, "description": "the slot of the last run started"},
+        "lastRunId": {"type": ["string", "null"]},
+        "createdAt": TIMESTAMP,
+    },
+}
+SCHEDULE_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "description": "exactly one of cron and interval (else 400); " + NO_NUL,
+    "required": ["name", "target"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": NAME_MAX},
+        "cron": {"type": "string", "description": "five fields, or @daily, @hourly, ..."},
+        "timezone": {"type": "string", "description": "an IANA zone, with cron (default UTC)"},
+        "interval": {
+            "type": ["number", "string"],
+            "description": "seconds, PT30S or 00:00:30; from 1 s to 366 days",
+        },
+        "target": SCHEDULE_TARGET,
+        "input": {"type": "object", "description": "an agent's: {message}"},
+        **SCHEDULE_POLICIES,
+        "paused": {"type": "boolean", "default": False},
+    },
+}
+SCHEDULE_FIRE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["slotAt", "outcome", "runId", "firedAt", "detail"],
+    "properties": {
+        "slotAt": TIMESTAMP,
+        "outcome": {"enum": [o.value for o in Outcome]},
+        "runId": {"type": ["string", "null"]},
+        "firedAt": TIMESTAMP,
+        "detail": {"type": ["string", "null"]},
+    },
+}
+
+
+def schedule_paths(key: dict[str, Any]) -> dict[str, Any]:
+    schedule = _json(_schema("Schedule"), "the schedule")
+    listed = _items(_schema("Schedule"), "a page", nextCursor={"type": ["string", "null"]})
+    fires = _items(_schema("ScheduleFire"), "a page", nextCursor={"type": ["string", "null"]})
+    location = {"Location": {"required": True, "schema": {"type": "string"}}}
+    return {
+        "/api/schedules": {
+            "post": _op(
+                "Create a schedule: an agent or workflow run at each slot of a cron expression"
+                " or an interval (409: the name is taken)",
+                {"201": {**schedule, "headers": location}, **_api(409, 413, 422)},
+                parameters=[key],
+                requestBody=_body(_schema("ScheduleRequest")),
+            ),
+            "get": _op(
+                "List the tenant's schedules, newest first",
+                {"200": listed, **_api()},
+                parameters=[LIMIT, CURSOR],
+            ),
+        },
+        "/api/schedules/{id}": {
+            "get": _op("A schedule", {"200": schedule, **_api(404)}, parameters=[SCHEDULE_ID]),
+            "delete": _op(
+                "Delete a schedule and its fires; its runs stay",
+                {"204": {"description": "deleted"}, **_api(404)},
+                parameters=[SCHEDULE_ID],
+            ),
+        },
+        "/api/schedules/{id}/pause": {
+            "post": _op(
+                "Pause: no slot fires until it is resumed",
+                {"200": schedule, **_api(404)},
+                parameters=[SCHEDULE_ID],
+            )
+        },
+        "/api/schedules/{id}/resume": {
+            "post": _op(
+                "Resume from the first slot after now (the slots missed while paused never fire)",
+                {"200": schedule, **_api(404)},
+                parameters=[SCHEDULE_ID],
+            )
+        },
+        "/api/schedules/{id}/fires": {
+            "get": _op(
+                "The slots the schedule recorded, newest first: fired, skipped, queued,"
+                " missed or failed",
+                {"200": fires, **_api(404)},
+                parameters=[SCHEDULE_ID, LIMIT, CURSOR],
+            )
+        },
+    }
+
+
+def schedule_schemas() -> dict[str, Any]:
+    return {
+        "Schedule": SCHEDULE_SCHEMA,
+        "ScheduleRequest": SCHEDULE_REQUEST,
+        "ScheduleFire": SCHEDULE_FIRE_SCHEMA,
+    }
+
+
 # -- where people decide: Slack's interactions, one-time links ------------------------------
 
 HTML_PAGE = {"text/html": {"schema": {"type": "string"}}}
@@ -1834,6 +1982,7 @@ def document(settings: Settings) -> dict[str, Any]:
             **workflow_paths(async_key),
             **operator_paths(),
             **webhook_paths(key),
+            **schedule_paths(key),
             **openai_paths(key),
             **public_paths(),
             **integration_paths(),
@@ -1867,6 +2016,7 @@ def document(settings: Settings) -> dict[str, Any]:
                 "Problem": PROBLEM_SCHEMA,
                 "OpenAIError": OPENAI_ERROR_SCHEMA,
                 **webhook_schemas(settings.webhooks.allow_http),
+                **schedule_schemas(),
             },
             "responses": error_responses(settings.web.max_request_bytes),
         },

@@ -270,6 +270,8 @@ SCHEMATHESIS_CONFIG: dict[str, Any] = {
                 "GET /api/approvals",
                 "GET /api/webhooks",
                 "GET /api/webhooks/{id}/deliveries",
+                "GET /api/schedules",
+                "GET /api/schedules/{id}/fires",
             ],
             "checks": {"positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "400"]}},
         },
@@ -286,7 +288,11 @@ SCHEMATHESIS_CONFIG: dict[str, Any] = {
             },
         },
         {
-            "include-name": ["POST /api/webhooks", "PATCH /api/webhooks/{id}"],
+            "include-name": [
+                "POST /api/webhooks",
+                "PATCH /api/webhooks/{id}",
+                "POST /api/schedules",
+            ],
             "checks": {
                 "positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "400", "422"]}
             },
@@ -296,7 +302,8 @@ SCHEMATHESIS_CONFIG: dict[str, Any] = {
 """Where a schema-valid request may still be refused for a state the description cannot
 know: a `cursor` this API did not return (400), an `Idempotency-Key` it saw with another
 body (422), a webhook URL the destination policy refuses for what its host is (a literal
-private address) or that the URL parser refuses (400: a pattern cannot state either). Half
+private address) or that the URL parser refuses, a schedule's cron, interval or zone text,
+or its one-of-cron-and-interval rule (400: a pattern cannot state either). Half
 the generated agent names, run ids, approval ids, webhook endpoint and delivery ids name ones
 that exist, so that the answers about real ones are checked too."""
 

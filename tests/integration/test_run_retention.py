@@ -27,6 +27,8 @@ from tracon_jobs.db.models import (
     IdempotencyRecord,
     Run,
     RunEvent,
+    Schedule,
+    ScheduleFire,
     SlackMessage,
     ToolCallRecord,
     WorkflowEvent,
@@ -149,6 +151,24 @@ class History:
         )
         session.flush()
         session.add(SlackMessage(approval_id=approval, channel="C1", ts="1.0", posted_at=at))
+        session.add(self._schedule(tenant, run_id, at))
+        session.flush()
+        session.add(
+            ScheduleFire(
+                schedule_id=run_id, slot_at=at, tenant_id=tenant, outcome="fired", run_id=run_id,
+                fired_at=at,
+            )
+        )  # fmt: skip
+
+    @staticmethod
+    def _schedule(tenant: str, run_id: str, at: datetime) -> Schedule:
+        """A schedule whose one fire started the run (named after it: one per run)."""
+        return Schedule(
+            id=run_id, tenant_id=tenant, name=f"s-{run_id}", cron=None, timezone="UTC",
+            interval_ms=60_000, anchor_at=at, target_kind="agent", target_name="demo",
+            input={"message": "hi"}, overlap="skip", catch_up="none", paused=False,
+            created_at=at, updated_at=at,
+        )  # fmt: skip
 
     def group(self, root: str) -> list[str]:
         """The ids of the root's group as the export finds it."""
@@ -167,6 +187,7 @@ ROW_TABLES: dict[str, Any] = {
     "workflow_nodes": WorkflowNode.run_id,
     "workflow_events": WorkflowEvent.chain_id,
     "idempotency_records": IdempotencyRecord.run_id,
+    "schedule_fires": ScheduleFire.run_id,
 }
 
 

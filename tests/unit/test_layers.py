@@ -141,6 +141,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tracon_jobs.tenants",
             "tracon_jobs.webhooks",  # the outbox reaches `runs` through a Protocol of theirs
             "tracon_jobs.integrations",
+            "tracon_jobs.schedules",  # runs started at the slots of a cron or an interval
         ),
     ),
     ("the Python surface", ("tracon_jobs", "tracon_jobs.demo")),  # `tracon_jobs`: its __init__

@@ -41,6 +41,15 @@ from tracon_jobs.cli.operations import (
     weight_value,
 )
 from tracon_jobs.cli.processes import cmd_beat, cmd_flower, cmd_migrate, cmd_web, cmd_worker
+from tracon_jobs.cli.schedules import (
+    cmd_schedules_create,
+    cmd_schedules_delete,
+    cmd_schedules_fires,
+    cmd_schedules_list,
+    cmd_schedules_pause,
+    cmd_schedules_resume,
+    cmd_schedules_show,
+)
 from tracon_jobs.cli.webhooks import (
     cmd_webhooks_create,
     cmd_webhooks_delete,
@@ -90,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_approval_commands(command)
     add_workflow_commands(command)
     add_webhook_commands(command)
+    add_schedule_commands(command)
     return parser
 
 
@@ -581,3 +591,78 @@ def _group_help(group: argparse.ArgumentParser) -> Handler:
         return 2
 
     return show
+
+
+def add_schedule_commands(command: Command) -> None:
+    """`schedules create|list|show|pause|resume|delete|fires`, each with `--tenant T`."""
+    group = command(
+        "schedules", None, "manage a tenant's schedules (runs at cron or interval times)"
+    )
+    ssub = group.add_subparsers(metavar="action")
+    create = _schedule_action(
+        ssub,
+        "create",
+        cmd_schedules_create,
+        "create a schedule",
+        "Create a schedule of the tenant: a run of --agent or --workflow at each slot of --cron "
+        "(in --timezone) or of --interval. The rules are those of POST /api/schedules.",
+        by_name=False,
+    )
+    create.add_argument("name", help="the schedule's name (unique per tenant, 1-100 characters)")
+    create.add_argument("--cron", help="a five-field cron expression, or @daily, @hourly, ...")
+    create.add_argument("--timezone", help="an IANA zone for --cron (default UTC)")
+    create.add_argument("--interval", help="seconds, PT30S or 00:00:30 (at least 1 s)")
+    create.add_argument("--agent", help="run this configured agent")
+    create.add_argument("--workflow", help="run this registered workflow")
+    create.add_argument("--message", help="the agent's message")
+    create.add_argument("--input", help="the run's input as a JSON object")
+    create.add_argument(
+        "--overlap",
+        choices=["skip", "queue", "cancel_previous"],
+        help="when the previous run has not ended (default skip)",
+    )
+    create.add_argument(
+        "--catch-up",
+        dest="catch_up",
+        choices=["none", "latest", "all"],
+        help="what fires of the slots missed in an outage (default none)",
+    )
+    create.add_argument("--paused", action="store_true", help="create it paused")
+    listed = _schedule_action(
+        ssub,
+        "list",
+        cmd_schedules_list,
+        "list the tenant's schedules",
+        "List the tenant's schedules, newest first: id, name, cron or interval, target, state "
+        "and next slot (UTC).",
+        by_name=False,
+    )
+    listed.add_argument("--limit", type=int, default=50, help="most schedules listed (default 50)")
+    for name, handler, help_ in (
+        ("show", cmd_schedules_show, "print a schedule as JSON"),
+        ("pause", cmd_schedules_pause, "pause a schedule: no slot fires until resumed"),
+        ("resume", cmd_schedules_resume, "resume a schedule from its first slot after now"),
+        ("delete", cmd_schedules_delete, "delete a schedule and its fires (its runs stay)"),
+    ):
+        _schedule_action(ssub, name, handler, help_, help_[0].upper() + help_[1:] + ".")
+    fires = _schedule_action(
+        ssub,
+        "fires",
+        cmd_schedules_fires,
+        "list the slots a schedule recorded",
+        "List the slots the schedule recorded, newest first: slot, outcome (fired, skipped, "
+        "queued, missed, failed), run, when.",
+    )
+    fires.add_argument("--limit", type=int, default=50, help="most fires listed (default 50)")
+
+
+def _schedule_action(
+    ssub: Any, name: str, handler: Handler, help_: str, description: str, *, by_name: bool = True
+) -> argparse.ArgumentParser:
+    """One `schedules` action, with `--tenant` and (`by_name`) the schedule's id or name."""
+    parser: argparse.ArgumentParser = ssub.add_parser(name, help=help_, description=description)
+    parser.add_argument("--tenant", required=True, help="tenant name or id")
+    if by_name:
+        parser.add_argument("schedule", help="the schedule's id or name")
+    parser.set_defaults(handler=handler, passthrough=False)
+    return parser

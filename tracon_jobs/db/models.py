@@ -373,3 +373,53 @@ class SlackMessage(Base):
     ts: Mapped[str] = mapped_column(String(40))
     posted_at: Mapped[datetime]
     updated_status: Mapped[str | None] = mapped_column(String(20))  # the outcome written in it
+
+
+class Schedule(Base):
+    """Runs of an agent or a workflow at the slots of a cron expression (in `timezone`) or of
+    an interval from `anchor_at`. `next_fire_at` is the next slot the firing pass acts on
+    (null while paused); the pass advances it in the transaction that records each slot."""
+
+    __tablename__ = "schedules"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name", name="uq_schedules_tenant_name"),
+        Index("ix_schedules_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_schedules_next_fire", "next_fire_at"),
+        Index("ix_schedules_queued", "queued_slot_at"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(100))
+    cron: Mapped[str | None] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    interval_ms: Mapped[int | None] = mapped_column(BigInteger)
+    anchor_at: Mapped[datetime]  # an interval's slots are anchor + k * interval, k >= 1
+    target_kind: Mapped[str] = mapped_column(String(20))  # agent | workflow
+    target_name: Mapped[str] = mapped_column(String(200))
+    input: Mapped[dict[str, Any]]
+    overlap: Mapped[str] = mapped_column(String(20))  # skip | queue | cancel_previous
+    catch_up: Mapped[str] = mapped_column(String(20))  # none | latest | all
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    next_fire_at: Mapped[datetime | None]
+    last_fire_at: Mapped[datetime | None]  # the slot of the last run started
+    last_run_id: Mapped[str | None] = mapped_column(ID)
+    queued_slot_at: Mapped[datetime | None]  # a slot waiting for the previous run (`queue`)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class ScheduleFire(Base):
+    """One slot of a schedule, recorded once: the primary key makes the insert that records it
+    the one guard against a second firing (two passes, two beats, a pass after a crash)."""
+
+    __tablename__ = "schedule_fires"
+    __table_args__ = (Index("ix_schedule_fires_run", "run_id"),)
+
+    schedule_id: Mapped[str] = mapped_column(ForeignKey("schedules.id"), primary_key=True)
+    slot_at: Mapped[datetime] = mapped_column(primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ID)
+    outcome: Mapped[str] = mapped_column(String(20))  # fired|skipped|queued|missed|failed
+    run_id: Mapped[str | None] = mapped_column(ID)
+    fired_at: Mapped[datetime]
+    detail: Mapped[str | None] = mapped_column(Text)

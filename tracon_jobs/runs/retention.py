@@ -6,8 +6,10 @@ to it. A group goes when every run of it is terminal (`Completed`, `Failed`, `Ca
 its last run ended before its tenant's cutoff (`now - retention`); one live run, or one
 recent one, keeps the whole group. With it go every row that names its runs: events,
 tool-call ledger, workflow checkpoints and requests, the events kept for its chains,
-approvals (and their Slack messages), and the idempotency records of its submissions.
-Webhook messages name runs only as text and have a lifecycle of their own: they stay.
+approvals (and their Slack messages), the idempotency records of its submissions, and the
+schedule fires that started its runs (a schedule keeps only its newest fires without a run,
+`schedules.firing.FIRES_KEPT`, so fires stay bounded either way). Webhook messages name runs
+only as text and have a lifecycle of their own: they stay.
 
 A pass (`purge_once`, beat's `tracon.runs.retention` under its lease) goes tenant by tenant
 in turn, a batch of each at a time: it reads up to `Runs.RetentionBatch` of the tenant's
@@ -39,6 +41,7 @@ from tracon_jobs.db.models import (
     IdempotencyRecord,
     Run,
     RunEvent,
+    ScheduleFire,
     SlackMessage,
     Tenant,
     ToolCallRecord,
@@ -71,6 +74,7 @@ DELETED_TABLES = (
     "workflow_nodes",
     "workflow_events",
     "idempotency_records",
+    "schedule_fires",
     "runs",
 )
 """What a deletion removes, in its order: each table before the ones it refers to."""
@@ -370,6 +374,7 @@ def delete_statements(run_ids: Sequence[str]) -> list[tuple[str, Delete]]:
             "idempotency_records",
             delete(IdempotencyRecord).where(IdempotencyRecord.run_id.in_(run_ids)),
         ),
+        ("schedule_fires", delete(ScheduleFire).where(ScheduleFire.run_id.in_(run_ids))),
         ("runs", delete(Run).where(Run.id.in_(run_ids))),
     ]
 

@@ -231,6 +231,26 @@ RUN_RETENTION_SCAN_INTERVAL: Final = timedelta(minutes=10)
 """How often beat sends `tracon.runs.retention` while some retention is set; a tree goes within
 about this much after its retention ends. A pass stops after half of it, to go on at the next."""
 
+SCHEDULES_ENABLED: Final = True
+"""On: beat sends `tracon.schedules.fire` and the tenants' schedules fire. Off: nothing fires;
+schedules can still be created and changed, and fire again once it is on (their slots in
+between are caught up by their own `catchUp` policy)."""
+
+SCHEDULE_SCAN_INTERVAL: Final = timedelta(seconds=1)
+"""How often beat sends `tracon.schedules.fire`: a slot fires within about this much of its
+time."""
+
+SCHEDULE_MAX_CATCH_UP: Final = 100
+"""The most missed slots of one schedule a pass fires under `catchUp: all` (the newest ones;
+older ones are recorded `missed`)."""
+
+SCHEDULE_MAX_CATCH_UP_LIMIT: Final = 10_000
+"""The largest `Schedules.MaxCatchUp` accepted."""
+
+SCHEDULE_MISFIRE_GRACE: Final = timedelta(minutes=1)
+"""How late a slot may be fired and still count as on time; an older slot was missed (beat or
+the workers were down) and its schedule's `catchUp` policy decides whether it fires."""
+
 RUN_ARCHIVE_DIRECTORY: Final[str | None] = None
 """Null: a tree past its retention is deleted without a copy. A folder (created if missing;
 relative to the worker's working directory): each tree, or chain, is written there first as

@@ -354,6 +354,18 @@ class RunsSettings(ConfigModel):
     archive_directory: NonEmptyStr | None = defaults.RUN_ARCHIVE_DIRECTORY
 
 
+class SchedulesSettings(ConfigModel):
+    """Schedules: runs started by beat at the slots of a cron expression or an interval, each
+    slot once (tracon-jobs addition)."""
+
+    enabled: Flag = defaults.SCHEDULES_ENABLED
+    scan_interval: TimerDuration = defaults.SCHEDULE_SCAN_INTERVAL
+    max_catch_up: Annotated[WholeNumber, between(1, defaults.SCHEDULE_MAX_CATCH_UP_LIMIT)] = (
+        defaults.SCHEDULE_MAX_CATCH_UP
+    )
+    misfire_grace: PositiveDuration = defaults.SCHEDULE_MISFIRE_GRACE
+
+
 class WorkerSettings(ConfigModel):
     """Celery worker sizing."""
 
@@ -737,6 +749,7 @@ class Settings(ConfigModel):
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     tenants: TenantsSettings = Field(default_factory=TenantsSettings)
     runs: RunsSettings = Field(default_factory=RunsSettings)
+    schedules: SchedulesSettings = Field(default_factory=SchedulesSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     web: WebSettings = Field(default_factory=WebSettings)
     webhooks: WebhooksSettings = Field(default_factory=WebhooksSettings)
