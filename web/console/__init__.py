@@ -1,15 +1,16 @@
 """The web console at `/`: server-rendered pages for a tenant's runs, their timelines and
-trees, approvals, circuits and statistics, signed in with an API key (docs/console.md)."""
+trees, approvals, schedules, webhooks, circuits and statistics, signed in with an API key
+(docs/console.md)."""
 
 from __future__ import annotations
 
 from flask import Flask
 
-from web.console import live, views, webhooks
+from web.console import live, schedules, views, webhooks
 from web.console.blueprint import bp
 from web.console.session import init_session
 
-__all__ = ["init_app", "live", "views", "webhooks"]
+__all__ = ["init_app", "live", "schedules", "views", "webhooks"]
 
 
 def init_app(app: Flask) -> None:

@@ -55,6 +55,11 @@ def approvals_cursor() -> tuple[datetime, str] | None:
     return _cursor()
 
 
+def schedules_cursor() -> tuple[datetime, str] | None:
+    """Where the schedules list goes on from (**More schedules →**); none, a bad one: the top."""
+    return _cursor()
+
+
 def _cursor() -> tuple[datetime, str] | None:
     try:
         return decode_cursor(request.args.get("cursor"))
