@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+LOOK_AHEAD = 0.9
+"""The share of `Workflows.TimerScanInterval` a timers pass looks ahead: it answers each wait
+due in that time at its time, and ends before the next tick."""
+
 
 def run_periodic(
     runtime: Runtime, task: Task, name: str, forwarded: bool, body: Callable[[], T]
@@ -127,7 +131,9 @@ def register_periodic_tasks(app: Celery, runtime: Runtime) -> None:
         return run_periodic(runtime, task, WORKFLOW_TIMERS_TASK, forwarded, timers_pass)
 
     def timers_pass() -> dict[str, Any]:
-        fired = runtime.workflow_resumes.fire_due(runtime.db.now())
+        # The waits due before the next tick are answered each at its time, in this pass
+        ahead = runtime.settings.workflows.timer_scan_interval * LOOK_AHEAD
+        fired = runtime.workflow_resumes.fire_due(runtime.db.now(), ahead)
         if fired:
             log.info("continued %d workflow runs whose timer or event timeout was due", fired)
         return {"fired": fired}

@@ -9,7 +9,8 @@ Real SQL and Redis, one process: `--workflows` workflow runs (`bench.timer_workf
 `--spread` seconds (0: all at the same instant). One thread then does what beat and the
 worker that holds the timers' lease do: every `Workflows.TimerScanInterval` (`--scan`, the
 setting's default unless given) it runs the scan's pass, `WorkflowResumes.fire_due` with the
-database's time. A wake is the run that continues the chain, written and sent (its
+database's time, looking ahead as beat's task does (the waits due before the next tick are
+answered each at its time). A wake is the run that continues the chain, written and sent (its
 `created_at`, the database's time): its lateness is that time minus the timer's. The report
 gives the lateness's p50, p99 and max, and how many woke.
 
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from beat_schedules.tasks import LOOK_AHEAD
 from bench.__main__ import scratch_database
 from bench.harness import met, percentile
 from tracon_jobs.db.migrate import upgrade
@@ -44,6 +46,7 @@ from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings
 
+SECOND = timedelta(seconds=1)
 GOAL_SECONDS = 1.0
 LEAD = timedelta(seconds=5)
 """From the end of the setup to the first timer."""
@@ -121,7 +124,7 @@ def _measure(database: str, runtime: Runtime, args: argparse.Namespace) -> bool:
     def scan() -> None:  # beat's tick and the lease owner's pass
         while not stop.is_set():
             began = time.perf_counter()
-            runtime.workflow_resumes.fire_due(runtime.db.now())
+            runtime.workflow_resumes.fire_due(runtime.db.now(), interval * LOOK_AHEAD * SECOND)
             spent = time.perf_counter() - began
             busy.append(spent)
             stop.wait(max(interval - spent, 0.0))

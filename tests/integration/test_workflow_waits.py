@@ -74,6 +74,28 @@ def test_a_timer_waits_without_a_worker_and_fires_once_when_due(
     assert workflows.ran == ["before-nap", "after-nap"]
 
 
+def test_a_pass_that_looks_ahead_answers_a_timer_at_its_time_not_at_the_next_tick(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    # Given a workflow asleep for one second, and one asleep for a minute
+    runtime = runtime_for(make_runtime, sql_url)
+    soon, later = start(runtime, "nap", {"seconds": 1}), start(runtime, "nap", {"seconds": 60})
+    assert runtime.executor.execute(soon) == "Waiting"
+    assert runtime.executor.execute(later) == "Waiting"
+    [timer] = [e for e in runtime.runs.events(soon) if e.type == "WorkflowTimerStarted"]
+    due = timer.at.replace(tzinfo=None) + timedelta(seconds=1)
+
+    # When a pass begins before its time, looking two seconds ahead
+    began = runtime.db.now()
+    assert began < due
+    assert runtime.workflow_resumes.fire_due(began, timedelta(seconds=2)) == 1
+
+    # Then it answered the first at its time (not before), in this pass; the other sleeps on
+    woke = run_of(runtime, continued(runtime, soon)).created_at
+    assert due <= woke < due + timedelta(seconds=0.5), (due, woke)
+    assert run_of(runtime, later).status == "Waiting"
+
+
 def test_a_canceled_sleeper_never_wakes(make_runtime: MakeRuntime, sql_url: str) -> None:
     runtime = runtime_for(make_runtime, sql_url)
     first = start(runtime, "nap", {"seconds": 1})

@@ -91,7 +91,7 @@ only the workflow's author can declare safe."""
 
 TIMER_SCAN_INTERVAL: Final = timedelta(seconds=1)
 """How often beat continues the workflows whose timer (`ctx.sleep`) or event wait's timeout is
-due: a timer fires within about this much of its time."""
+due; each pass also answers those due before the next tick, each at its time."""
 
 BUFFER_EVENTS: Final = True
 """On: an event delivered to a workflow before it waits for it is kept until `ctx.wait_for` takes

@@ -15,8 +15,9 @@ attempt of the run they continue, so they never use up the job's automatic attem
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tracon_jobs.db.models import Run
@@ -27,7 +28,7 @@ from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.settings import Settings
 from tracon_jobs.workflows.registry import WorkflowRegistry
-from tracon_jobs.workflows.store import RequestConflict, WorkflowStore
+from tracon_jobs.workflows.store import Due, RequestConflict, WorkflowStore
 
 log = logging.getLogger(__name__)
 
@@ -89,35 +90,51 @@ class WorkflowResumes:
         with submission(self._continuation(run, run.attempt, resumable)) as new:
             return self._send(self.store.answer(run, answer, new))
 
-    def fire_due(self, now: datetime) -> int:
+    def fire_due(self, now: datetime, ahead: timedelta = timedelta(0)) -> int:
         """Answer every timer and event timeout due by `now` (of runs still `Waiting`), each
         in the run that continues its chain, and each event wait whose event was kept before
-        it and stranded (`WorkflowStore.stranded`); how many were answered here. Two passes racing
-        answer each wait once: the loser's answer is a `RequestConflict`."""
+        it and stranded (`WorkflowStore.stranded`); how many were answered here. Two passes
+        racing answer each wait once: the loser's answer is a `RequestConflict`.
+
+        `ahead`: then the waits due within that much after `now` are answered each at its
+        time, the pass waiting for it (`now` being the database's time as the pass began),
+        so a timer is late by the answer's own time, not by up to a scan interval."""
+        began = time.monotonic()
         fired = 0
         for _ in range(DUE_BATCHES):
             due = self.store.due(now, DUE_BATCH)
-            for wait in due:
-                run = self.store.runs.get(wait.run_id)
-                if run is None:
-                    continue
-                timed_out = wait.kind == "event"
-                try:
-                    with submission(self._continuation(run, run.attempt, run.resumable)) as new:
-                        answered = self.store.answer(
-                            run, None, new, kind=wait.kind, node=wait.node, timed_out=timed_out
-                        )
-                except RequestConflict:
-                    continue  # answered meanwhile (an event, a cancel, another pass)
-                self._send(answered)
-                fired += 1
+            fired += sum(self._fire(wait) for wait in due)
             if len(due) < DUE_BATCH:
                 break
         for run_id in self.store.stranded(now - STRANDED_AFTER, DUE_BATCH):
             if self.give_kept_event(run_id) is not None:
                 log.warning("run %s: its kept event answered its wait late", run_id)
                 fired += 1
+        if ahead > timedelta(0):
+            for wait in self.store.due(now + ahead, DUE_BATCHES * DUE_BATCH):
+                if wait.at is not None:  # its time, on the pass's clock
+                    lead = (_naive(wait.at) - _naive(now)).total_seconds()
+                    lead -= time.monotonic() - began
+                    if lead > 0:
+                        time.sleep(lead)
+                fired += self._fire(wait)
         return fired
+
+    def _fire(self, wait: Due) -> bool:
+        """Answer one due wait; False when it was answered meanwhile."""
+        run = self.store.runs.get(wait.run_id)
+        if run is None:
+            return False
+        timed_out = wait.kind == "event"
+        try:
+            with submission(self._continuation(run, run.attempt, run.resumable)) as new:
+                answered = self.store.answer(
+                    run, None, new, kind=wait.kind, node=wait.node, timed_out=timed_out
+                )
+        except RequestConflict:
+            return False  # answered meanwhile (an event, a cancel, another pass)
+        self._send(answered)
+        return True
 
     def deliver(self, run: Run, name: str, payload: Any) -> Delivered:
         """Deliver the event `name` to the chain of `run` (any run of it): it answers the
@@ -200,6 +217,11 @@ class WorkflowResumes:
         except EnqueueError as exc:  # the row is Queued: the requeue scan sends it
             log.warning("continuation %s not sent now (%s); the requeue scan sends it", run.id, exc)
         return run
+
+
+def _naive(when: datetime) -> datetime:
+    """`when` in UTC without a zone, as the database keeps times."""
+    return when if when.tzinfo is None else when.astimezone(UTC).replace(tzinfo=None)
 
 
 def continuation(

@@ -61,6 +61,7 @@ class Due:
     run_id: str
     node: str
     kind: str
+    at: datetime | None = None  # its time (UTC, naive, as the database keeps it)
 
 
 class RequestConflict(Exception):
@@ -309,7 +310,7 @@ class WorkflowStore:
         """Waiting nodes whose time came (timers, event timeouts) of runs still `Waiting`,
         the earliest first."""
         query = (
-            select(NODES.c.run_id, NODES.c.node, NODES.c.kind)
+            select(NODES.c.run_id, NODES.c.node, NODES.c.kind, NODES.c.due_at)
             .join(RUNS, RUNS.c.id == NODES.c.run_id)
             .where(
                 NODES.c.status == "asked",
@@ -320,7 +321,9 @@ class WorkflowStore:
             .limit(limit)
         )
         with self.db.read() as session:
-            return [Due(row.run_id, row.node, row.kind) for row in session.execute(query)]
+            return [
+                Due(row.run_id, row.node, row.kind, row.due_at) for row in session.execute(query)
+            ]
 
     @rides_out_outages
     def stranded(self, before: datetime, limit: int) -> list[str]:
