@@ -16,7 +16,7 @@ from web.auth import key_prefix, require_tenant, tenant_id
 from web.extensions import runtime
 from web.idempotency import idempotent
 from web.problems import Problem, bad_request, not_found
-from web.runs import decode_cursor, encode_cursor, page_size, parse_body
+from web.runs import decode_cursor, keyset_page, page_size, parse_body
 
 bp = Blueprint("approvals", __name__, url_prefix="/api")
 require_tenant(bp)
@@ -41,8 +41,7 @@ def list_approvals() -> Response:
     rows = runtime().approval_store.page(
         tenant_id(), status=status, run_id=request.args.get("runId"), limit=limit + 1, before=before
     )
-    page, more = rows[:limit], len(rows) > limit
-    cursor = encode_cursor(page[-1].requested_at, page[-1].id) if more and page else None
+    page, cursor = keyset_page(rows, limit, lambda a: (a.requested_at, a.id))
     return jsonify({"items": [approval_json(a) for a in page], "nextCursor": cursor})
 
 

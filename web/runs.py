@@ -6,8 +6,9 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -181,13 +182,24 @@ def list_runs() -> Response:
     limit = page_size(request.args.get("limit"))
     before = decode_cursor(request.args.get("cursor"))
     runs = runtime().runs.page(tenant_id(), filters, limit=limit + 1, before=before)
-    page, more = runs[:limit], len(runs) > limit
-    cursor = encode_cursor(page[-1].created_at, page[-1].id) if more and page else None
+    page, cursor = keyset_page(runs, limit, lambda run: (run.created_at, run.id))
     return jsonify({"items": [run_view(run) for run in page], "nextCursor": cursor})
 
 
 def page_size(raw: str | None) -> int:
     return 50 if raw is None else inputs.integer(raw, "limit", 1, MAX_PAGE)
+
+
+Row = TypeVar("Row")
+
+
+def keyset_page(
+    rows: Sequence[Row], limit: int, key: Callable[[Row], tuple[datetime, str]]
+) -> tuple[Sequence[Row], str | None]:
+    """The first `limit` of `rows` (read as `limit + 1`, to tell whether more follow) and the
+    cursor of the page after them, None on the last page; `key`: a row's (time, id)."""
+    page = rows[:limit]
+    return page, encode_cursor(*key(page[-1])) if len(rows) > limit and page else None
 
 
 def encode_cursor(at: datetime, row_id: str) -> str:

@@ -23,7 +23,7 @@ from web.auth import require_tenant, tenant_id
 from web.extensions import runtime
 from web.idempotency import idempotent
 from web.problems import Problem, bad_request, not_found
-from web.runs import decode_cursor, encode_cursor, page_size
+from web.runs import decode_cursor, keyset_page, page_size
 
 bp = Blueprint("schedules", __name__, url_prefix="/api")
 require_tenant(bp)
@@ -79,8 +79,7 @@ def list_schedules() -> Response:
     limit = page_size(request.args.get("limit"))
     before = decode_cursor(request.args.get("cursor"))
     rows = store().page(tenant_id(), limit + 1, before)
-    page, more = rows[:limit], len(rows) > limit
-    cursor = encode_cursor(page[-1].created_at, page[-1].id) if more and page else None
+    page, cursor = keyset_page(rows, limit, lambda s: (s.created_at, s.id))
     return jsonify({"items": [schedule_json(s) for s in page], "nextCursor": cursor})
 
 
@@ -124,6 +123,5 @@ def list_fires(schedule_id: str) -> Response:
         rows = store().fires(tenant_id(), schedule_id, limit + 1, before and before[0])
     except ScheduleNotFound:
         raise missing(schedule_id) from None
-    page, more = rows[:limit], len(rows) > limit
-    cursor = encode_cursor(page[-1].slot_at, schedule_id) if more and page else None
+    page, cursor = keyset_page(rows, limit, lambda f: (f.slot_at, schedule_id))
     return jsonify({"items": [fire_json(f) for f in page], "nextCursor": cursor})

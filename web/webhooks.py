@@ -33,7 +33,7 @@ from web.auth import require_tenant, tenant_id
 from web.extensions import runtime
 from web.idempotency import idempotent
 from web.problems import Problem, bad_request, not_found
-from web.runs import decode_cursor, encode_cursor, page_size
+from web.runs import decode_cursor, keyset_page, page_size
 
 bp = Blueprint("webhooks", __name__, url_prefix="/api")
 require_tenant(bp)
@@ -90,8 +90,7 @@ def list_endpoints() -> Response:
     limit = page_size(request.args.get("limit"))
     before = decode_cursor(request.args.get("cursor"))
     rows = endpoint_store().page(tenant_id(), limit + 1, before)
-    page, more = rows[:limit], len(rows) > limit
-    cursor = encode_cursor(page[-1].created_at, page[-1].id) if more and page else None
+    page, cursor = keyset_page(rows, limit, lambda e: (e.created_at, e.id))
     return jsonify({"items": [endpoint_json(e) for e in page], "nextCursor": cursor})
 
 
@@ -174,9 +173,7 @@ def list_deliveries(endpoint_id: str) -> Response:
         rows = endpoint_store().deliveries(tenant_id(), endpoint_id, limit + 1, before, status)
     except EndpointNotFound:
         raise missing(endpoint_id) from None
-    page, more = rows[:limit], len(rows) > limit
-    last = page[-1].row if more and page else None
-    cursor = encode_cursor(last.created_at, last.id) if last is not None else None
+    page, cursor = keyset_page(rows, limit, lambda d: (d.row.created_at, d.row.id))
     return jsonify({"items": [delivery_json(d) for d in page], "nextCursor": cursor})
 
 

@@ -4,26 +4,13 @@ one does, null again once the call ended (its text is in `ModelCallCompleted`)."
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from flask.testing import FlaskClient
 
+from tests.console_client import signed_in
 from tests.helpers import MakeRuntime, claim_run, scripted_agent
 from tracon_jobs.runs.store import NewRun
-from tracon_jobs.runtime import Runtime
-from web import create_app
-
-
-def signed_in(runtime: Runtime, tenant: str) -> FlaskClient:
-    client = create_app(runtime, {"TESTING": True, "SECRET_KEY": "s"}).test_client()
-    key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant(tenant)).secret
-    form = client.get("/signin").get_data(as_text=True)
-    found = re.search(r'name="csrf_token" value="([^"]+)"', form)
-    assert found is not None
-    answer = client.post("/signin", data={"key": key, "csrf_token": found.group(1)})
-    assert answer.status_code in (302, 303)
-    return client
 
 
 def text_of(client: FlaskClient, run_id: str) -> Any:

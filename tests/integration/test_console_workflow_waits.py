@@ -13,10 +13,10 @@ import pytest
 from flask.testing import FlaskClient
 
 from tests import workflows
+from tests.console_client import signed_in, token_of
 from tests.helpers import MakeRuntime, run_of, scripted_agent
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
-from web import create_app
 
 
 @pytest.fixture(autouse=True)
@@ -29,21 +29,6 @@ def runtime(make_runtime: MakeRuntime, sqlite_url: str) -> Runtime:
     config: dict[str, Any] = scripted_agent([{"Text": "-"}])
     config |= {"WorkflowModules": ["tests.workflows"], "Workflows": {"EnableCheckpointing": True}}
     return make_runtime(sqlite_url, sender=lambda _run_id: None, **config)
-
-
-def signed_in(runtime: Runtime, tenant: str) -> FlaskClient:
-    client = create_app(runtime, {"TESTING": True, "SECRET_KEY": "s"}).test_client()
-    key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant(tenant)).secret
-    answer = client.post("/signin", data={"key": key, "csrf_token": token_of(client, "/signin")})
-    assert answer.status_code in (302, 303)
-    return client
-
-
-def token_of(client: FlaskClient, path: str) -> str:
-    """The CSRF token of the session, from a form of the page at `path`."""
-    found = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).get_data(as_text=True))
-    assert found is not None
-    return found.group(1)
 
 
 def waiting(runtime: Runtime, name: str, payload: dict[str, Any], *, run: bool = True) -> str:

@@ -17,6 +17,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import update
 from werkzeug.test import TestResponse
 
+from tests.console_client import signed_in, text, token_of
 from tests.helpers import MakeRuntime, auth, hold_queued, scripted_agent
 from tracon_jobs.db.models import Schedule
 from tracon_jobs.runtime import Runtime
@@ -41,26 +42,6 @@ FORM = {
 def runtime(make_runtime: MakeRuntime, sqlite_url: str) -> Runtime:
     sections = {**scripted_agent([{"Text": "ok"}]), "WorkflowModules": ["tests.workflows"]}
     return make_runtime(sqlite_url, sender=hold_queued, **sections)
-
-
-def signed_in(runtime: Runtime, tenant: str) -> FlaskClient:
-    client = create_app(runtime, {"TESTING": True, "SECRET_KEY": "s"}).test_client()
-    key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant(tenant)).secret
-    answer = client.post("/signin", data={"key": key, "csrf_token": token_of(client, "/signin")})
-    assert answer.status_code in (302, 303)
-    return client
-
-
-def token_of(client: FlaskClient, path: str) -> str:
-    """The CSRF token of the session, from a form of the page at `path`."""
-    found = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).get_data(as_text=True))
-    assert found is not None
-    return found.group(1)
-
-
-def text(response: TestResponse) -> str:
-    page = response.get_data(as_text=True)
-    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
 
 
 def value_of(page: str, name: str) -> str:

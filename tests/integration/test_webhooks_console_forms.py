@@ -15,10 +15,10 @@ import pytest
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
+from tests.console_client import signed_in, text, token_of
 from tests.helpers import MakeRuntime
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.webhooks.endpoints import Endpoint, EndpointStore
-from web import create_app
 from web.webhooks import MAX_GRACE_SECONDS
 
 URL = "https://hooks.example.com/tracon"
@@ -28,26 +28,6 @@ NEW_URL = "https://hooks.example.com/tracon/v2"
 @pytest.fixture
 def runtime(make_runtime: MakeRuntime, sqlite_url: str) -> Runtime:
     return make_runtime(sqlite_url, sender=lambda _run_id: None)
-
-
-def signed_in(runtime: Runtime, tenant: str) -> FlaskClient:
-    client = create_app(runtime, {"TESTING": True, "SECRET_KEY": "s"}).test_client()
-    key = runtime.tenants.issue_key(runtime.tenants.ensure_tenant(tenant)).secret
-    answer = client.post("/signin", data={"key": key, "csrf_token": token_of(client, "/signin")})
-    assert answer.status_code in (302, 303)
-    return client
-
-
-def token_of(client: FlaskClient, path: str) -> str:
-    """The CSRF token of the session, from a form of the page at `path`."""
-    found = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).get_data(as_text=True))
-    assert found is not None
-    return found.group(1)
-
-
-def text(response: TestResponse) -> str:
-    page = response.get_data(as_text=True)
-    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
 
 
 def store(runtime: Runtime) -> EndpointStore:

@@ -25,7 +25,7 @@ from web.console import forms
 from web.console.blueprint import bp
 from web.console.session import current_tenant
 from web.extensions import runtime
-from web.runs import encode_cursor
+from web.runs import keyset_page
 
 SCHEDULES_SHOWN = 100
 """The schedules a page of the list shows (**More schedules →** for the next)."""
@@ -72,11 +72,11 @@ def _list_page(
     are a form to show again as typed with the rule it broke."""
     before = forms.schedules_cursor()
     rows = store().page(current_tenant(), SCHEDULES_SHOWN + 1, before)
-    page, more = rows[:SCHEDULES_SHOWN], len(rows) > SCHEDULES_SHOWN
+    page, more = keyset_page(rows, SCHEDULES_SHOWN, lambda s: (s.created_at, s.id))
     return render_template(
         "console/schedules.html",
         schedules=page,
-        more=encode_cursor(page[-1].created_at, page[-1].id) if more and page else None,
+        more=more,
         first_page=before is None,
         form=form or EMPTY_FORM,
         error=error,

@@ -37,7 +37,7 @@ from web.console.session import (
 from web.draining import is_draining
 from web.extensions import runtime
 from web.quota import max_concurrent_runs
-from web.runs import encode_cursor
+from web.runs import keyset_page
 
 
 @bp.route("/signin", methods=["GET", "POST"])
@@ -69,8 +69,7 @@ def runs_context() -> dict[str, Any]:
     rows = runtime().runs.page(
         current_tenant(), query.filters, limit=forms.PAGE + 1, before=query.cursor
     )
-    page, more = rows[: forms.PAGE], len(rows) > forms.PAGE
-    older = encode_cursor(page[-1].created_at, page[-1].id) if more and page else None
+    page, older = keyset_page(rows, forms.PAGE, lambda run: (run.created_at, run.id))
     return {
         "runs": page,
         "filters": query.filters,
@@ -222,8 +221,7 @@ def approvals() -> str:
         limit=forms.PAGE + 1,
         before=forms.approvals_cursor(),
     )
-    page, more = rows[: forms.PAGE], len(rows) > forms.PAGE
-    older = encode_cursor(page[-1].requested_at, page[-1].id) if more and page else None
+    page, older = keyset_page(rows, forms.PAGE, lambda a: (a.requested_at, a.id))
     return render_template(
         "console/approvals.html",
         approvals=page,
