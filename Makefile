@@ -18,8 +18,8 @@ $(STAMP): setup.cfg pyproject.toml
 run: $(STAMP)  # the whole system on this machine; PORT=8001 FLOWER_PORT=5556, or ARGS="--port 8001"
 	$(BIN)/tracon-jobs dev $(if $(PORT),--port $(PORT)) $(if $(FLOWER_PORT),--flower-port $(FLOWER_PORT)) $(ARGS)
 
-test: $(STAMP)  # the whole suite in two processes, an idle one taking half of the other's queue
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+test: $(STAMP)  # the whole suite in four processes (most tests wait), an idle one taking half of another's queue
+	$(BIN)/python -m pytest -q -n 4 --dist worksteal
 
 test-fast: $(STAMP)  # the suite without the real-process tests
 	$(BIN)/python -m pytest -q -m "not e2e"

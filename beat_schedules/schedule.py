@@ -31,9 +31,10 @@ SCHEDULES_TASK = "tracon.schedules.fire"
 
 
 def requeue_interval(settings: Settings) -> float:
-    """A quarter of `RequeueAfter`, between 1 and 30 seconds."""
+    """A quarter of `RequeueAfter`, between 1 and 5 seconds: the pass also sends again a
+    dead worker's runs, as soon as its liveness ends (`coordination.held`)."""
     quarter = settings.runs.requeue_after / 4
-    return min(max(quarter, timedelta(seconds=1)), timedelta(seconds=30)).total_seconds()
+    return min(max(quarter, timedelta(seconds=1)), timedelta(seconds=5)).total_seconds()
 
 
 def idempotency_purge_interval(retention: timedelta) -> float:

@@ -79,7 +79,9 @@ def register_periodic_tasks(app: Celery, runtime: Runtime) -> None:
     @app.task(name=REQUEUE_TASK, **PERIODIC)
     def requeue_unclaimed_runs() -> dict[str, Any]:
         after = runtime.settings.runs.requeue_after
-        result = requeue_unclaimed(runtime.runs, runtime.dispatcher, after, runtime.db.now())
+        result = requeue_unclaimed(
+            runtime.runs, runtime.dispatcher, after, runtime.db.now(), runtime.holders
+        )
         if result.resent:
             log.info("re-sent %d unclaimed runs", len(result.resent))
         return {"resent": len(result.resent), "failed": len(result.failed)}

@@ -28,6 +28,7 @@ BENCHMARKS: tuple[str, ...] = (
     "b1_throughput",
     "b1_throughput@postgresql",
     "b1_throughput@tracing",
+    "tracing_off",
     "b2_inflight",
     "b2_inflight@stream",
     "b3_coordination",
@@ -37,6 +38,8 @@ BENCHMARKS: tuple[str, ...] = (
     "b7_first_token",
     "b8_fair_share",
     "b9_webhooks",
+    "b10_dbos",
+    "b11_scale_out",
 )
 """Run in this order; add a module's name here and `make bench` runs it. `name@postgresql`
 runs it with `--database` on a scratch database of the PostgreSQL server that

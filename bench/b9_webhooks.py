@@ -562,7 +562,9 @@ class PhasedStore(DeliveryStore):
     def __init__(self, base: DeliveryStore, url: str, pool_size: int) -> None:
         self.phases = {
             phase: DeliveryStore(
-                Database(f"{url}?application_name={DELIVERER_APP}{phase}", pool_size=pool_size),
+                Database(
+                    f"{url}?application_name={DELIVERER_APP}{phase}", max_connections=pool_size
+                ),
                 base.targets,
                 base.backoff,
                 base.disable_after,

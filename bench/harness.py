@@ -64,15 +64,26 @@ def run_benchmark(name: str, keep: bool, body: Body, *, mode: int | None = None)
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def start_web(children: Supervisor, env: dict[str, str], *, workers: int, threads: int) -> str:
-    """`tracon-jobs web` on a free port; its base URL once `/healthz` answers."""
-    bind = f"127.0.0.1:{free_port()}"
+def start_web(
+    children: Supervisor,
+    env: dict[str, str],
+    *,
+    workers: int,
+    threads: int,
+    name: str = "web",
+    bind: str | None = None,
+    inside: Callable[[list[str]], list[str]] | None = None,
+) -> str:
+    """`tracon-jobs web` as child `name`, bound to `bind` (a free local port when None), its
+    command run through `inside` when given (a network namespace's wrapper); its base URL once
+    `/healthz` answers."""
+    bind = bind or f"127.0.0.1:{free_port()}"
     argv = [*CLI, "web", "--bind", bind, "--workers", str(workers), "--threads", str(threads)]
-    children.start("web", argv, env)
+    children.start(name, argv if inside is None else inside(argv), env)
     base_url = f"http://{bind}"
     wait_until(
         lambda: healthy(base_url),
-        what="web /healthz",
+        what=f"{name} /healthz",
         timeout=STARTUP_TIMEOUT,
         watch=children.running(),
     )

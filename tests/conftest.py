@@ -5,7 +5,11 @@ Redis: a `redis-server` of each test process's own (the system's binary, else th
 `TRACON_TEST_REDIS_URL` the tests use that server instead, only its databases from the URL's
 on (`REDIS_DBS_PER_PROCESS` for each test process). SQL: SQLite always; PostgreSQL too when
 `TRACON_TEST_POSTGRES_URL` is set or a local server answers, in a database created for the
-session. Tests that take the `sql_url` fixture run once per backend.
+session. Tests that take the `sql_url` fixture run once per backend. PgBouncer, in transaction
+mode, stands in front of that database for the tests that take `pgbouncer_url`, and for every
+`sql_url` with `TRACON_TEST_PGBOUNCER` set (tests/pgbouncer.py). RabbitMQ: a virtual host of
+the session's own on the machine's server (`amqp_url`, tests/rabbitmq.py), Celery's broker for
+every runtime and real-process cluster with `TRACON_TEST_BROKER=amqp` (`broker_sections`).
 
 A test that needs a service the machine lacks (PostgreSQL, the browser tests' chromium) skips,
 saying so; under CI (`CI` set, as `.ci/run` sets it) it fails instead: a suite CI claims to
@@ -25,6 +29,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,14 +40,19 @@ import redis
 import sqlalchemy as sa
 
 from tests.helpers import MakeRuntime, ThreadWorker, missing_service
+from tests.pgbouncer import PgBouncer
+from tests.pgbouncer import binary as pgbouncer_binary
+from tests.rabbitmq import VirtualHost, answers, purge_queues, rabbitmqctl
+from tests.redis_cluster import ThreeMasters, three_masters
 from tests.stub_provider import StubProvider
 from tracon_jobs.db.migrate import upgrade
 from tracon_jobs.db.models import Base
 from tracon_jobs.embedded_redis import EmbeddedRedis, start_embedded
 from tracon_jobs.runs.dispatch import Sender
-from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings
+from tracon_jobs.worker.app import CONTROL_QUEUE
+from tracon_jobs.worker.envelope import RUNS_QUEUE
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -84,6 +94,12 @@ def redis_db(redis_url: str, offset: int) -> str:
     return f"{base}/{int(first) + offset}"
 
 
+TEST_CHILD_CLAIM_WAIT = 0.2
+"""Seconds a test's runtime lets a worker claim a child run before its parent runs it inline
+(the product's `CHILD_CLAIM_WAIT` is 2 s): most tests have no worker, and each child would
+wait the whole 2 s; a thread worker claims within milliseconds."""
+
+
 LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 THREAD_JOIN_SECONDS = 10.0
 """How long teardown waits for the executor threads a test started before failing it."""
@@ -103,8 +119,8 @@ class RedisOwnership:
     the session's temporary folder (every server the tests start keeps its files there), and
     of the server `TRACON_TEST_REDIS_URL` names, only this process's databases (`given_dbs`:
     the other processes' and the user's own are not). Judged once per address, after the
-    connection is made, by `CONFIG GET dir` on it; a server that refuses `CONFIG` is not
-    ours."""
+    connection is made, by `CONFIG GET dir` on it (a sentinel, which has no `CONFIG`, by the
+    configuration file `INFO` names); a server that refuses both is not ours."""
 
     def __init__(self, root: Path, given: str | None, given_dbs: range = range(0)) -> None:
         self.root = root
@@ -127,10 +143,25 @@ class RedisOwnership:
                 found = next(iter(reply.values())) if isinstance(reply, dict) else reply[1]
                 directory = Path(found.decode() if isinstance(found, bytes) else str(found))
                 verdict = directory.resolve().is_relative_to(self.root.resolve())
-            except Exception:  # CONFIG refused or renamed: a server of someone else's
-                verdict = False
+            except Exception:  # CONFIG refused or renamed: a sentinel, or someone else's
+                verdict = self._our_sentinel(connection)
             self.verdicts[address] = verdict
         return verdict
+
+    def _our_sentinel(self, connection: Any) -> bool:
+        """A sentinel (it has no `CONFIG`) is ours when its configuration file, which it
+        rewrites as it learns the group, is under the session's folder (`tests/sentinels.py`)."""
+        try:
+            connection.send_command("INFO", "server")
+            reply = connection.read_response()
+            text = reply.decode() if isinstance(reply, bytes) else str(reply)
+            fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+            if fields.get("redis_mode", "").strip() != "sentinel":
+                return False
+            config = Path(fields.get("config_file", "").strip())
+            return config.is_absolute() and config.resolve().is_relative_to(self.root.resolve())
+        except Exception:  # INFO refused too: not a server of the session's
+            return False
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -235,12 +266,95 @@ def postgres_url() -> Iterator[str]:
     engine.dispose()
 
 
+PGBOUNCER_ENV = "TRACON_TEST_PGBOUNCER"
+"""Set (not empty, not `0`): every test's PostgreSQL `sql_url` goes through PgBouncer in
+transaction mode, as `.ci/run`'s pass of the crash and race tests runs them."""
+
+
+def _through_pgbouncer() -> bool:
+    return os.environ.get(PGBOUNCER_ENV, "").lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_url: str) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode in front of the session's PostgreSQL server (a process
+    of the session's own, on a free port); without the binary each test that takes it skips
+    (fails under CI)."""
+    executable = pgbouncer_binary()
+    if executable is None:
+        missing_service("no pgbouncer binary (apt-get install -y pgbouncer)")
+    bouncer = PgBouncer(executable, postgres_url)
+    yield bouncer
+    bouncer.stop()
+
+
+@pytest.fixture
+def pgbouncer_url(postgres_url: str, pgbouncer: PgBouncer) -> str:
+    """The session's PostgreSQL database, truncated, through PgBouncer in transaction mode,
+    its URL turning psycopg's prepared statements off (`prepare_threshold=none`)."""
+    _truncate(postgres_url)
+    database = sa.engine.make_url(postgres_url).database
+    assert database is not None
+    return pgbouncer.url(database)
+
+
 def _truncate(url: str) -> None:
     engine = sa.create_engine(url)
     tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
     with engine.begin() as conn:
         conn.execute(sa.text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
     engine.dispose()
+
+
+BROKER_ENV = "TRACON_TEST_BROKER"
+"""`amqp`: every test's runtime (`make_runtime`) and real-process cluster (`make_cluster`) use
+RabbitMQ as Celery's broker, in the session's virtual host, as `.ci/run`'s pass of the crash and
+race tests runs them; unset or `redis`: `Redis:Url`, as always."""
+
+
+def _on_rabbitmq() -> bool:
+    value = os.environ.get(BROKER_ENV, "").strip().lower()
+    if value not in ("", "redis", "amqp"):
+        raise pytest.UsageError(f"{BROKER_ENV} must be redis or amqp, not {value!r}")
+    return value == "amqp"
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_vhost() -> Iterator[VirtualHost]:
+    """A virtual host of this session's own on the machine's RabbitMQ, deleted after with all
+    it holds; without a server answering or `rabbitmqctl` each test that takes it skips (fails
+    under CI)."""
+    if not answers():
+        missing_service(
+            "no RabbitMQ answers on 127.0.0.1:5672 (apt-get install -y rabbitmq-server)"
+        )
+    executable = rabbitmqctl()
+    if executable is None:
+        missing_service("no rabbitmqctl to create a virtual host with (rabbitmq-server's package)")
+    try:
+        vhost = VirtualHost(executable)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        missing_service(f"could not create a RabbitMQ virtual host (run as root?): {exc}")
+    yield vhost
+    vhost.delete()
+
+
+@pytest.fixture
+def amqp_url(rabbitmq_vhost: VirtualHost) -> str:
+    """The session's RabbitMQ virtual host, its run and control queues purged: a test starts
+    with none of an earlier test's messages waiting."""
+    purge_queues(rabbitmq_vhost.url, [RUNS_QUEUE, CONTROL_QUEUE])
+    return rabbitmq_vhost.url
+
+
+@pytest.fixture
+def broker_sections(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The `Broker` section of the test's runtimes and clusters: RabbitMQ's `amqp_url` with
+    `TRACON_TEST_BROKER=amqp`, else none (Celery's broker is `Redis:Url`)."""
+    if not _on_rabbitmq():
+        return {}
+    url: str = request.getfixturevalue("amqp_url")
+    return {"Broker": {"Url": url}}
 
 
 @pytest.fixture(scope="session")
@@ -267,10 +381,14 @@ def _sqlite_copy(template: Path, tmp_path: Path) -> str:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A clean, migrated database: once on SQLite, once on PostgreSQL when one answers."""
+    """A clean, migrated database: once on SQLite, once on PostgreSQL when one answers
+    (through PgBouncer with `TRACON_TEST_PGBOUNCER` set)."""
     if request.param == "sqlite":
         template: Path = request.getfixturevalue("sqlite_template")
         return _sqlite_copy(template, tmp_path)
+    if _through_pgbouncer():
+        through: str = request.getfixturevalue("pgbouncer_url")
+        return through
     pg: str = request.getfixturevalue("postgres_url")
     _truncate(pg)
     return pg
@@ -298,9 +416,12 @@ def write_config(tmp_path: Path) -> ConfigFactory:
 
 
 @pytest.fixture
-def make_runtime(redis_client: redis.Redis, redis_url: str) -> Iterator[MakeRuntime]:
+def make_runtime(
+    redis_client: redis.Redis, redis_url: str, broker_sections: dict[str, Any]
+) -> Iterator[MakeRuntime]:
     """`make(sql_url, sender=None, **sections)`: a Runtime on a clean Redis database, with
-    run messages sent through `sender` (Celery when None); closed after the test."""
+    run messages sent through `sender` (Celery when None, on `broker_sections`' broker);
+    closed after the test."""
     runtimes: list[Runtime] = []
 
     def make(
@@ -308,11 +429,13 @@ def make_runtime(redis_client: redis.Redis, redis_url: str) -> Iterator[MakeRunt
         /,
         *,
         sender: Sender | None = None,
-        child_claim_wait: float = CHILD_CLAIM_WAIT,
+        child_claim_wait: float = TEST_CHILD_CLAIM_WAIT,
         **sections: Any,
     ) -> Runtime:
         sections.setdefault("Database", {"Url": sql_url})
         sections.setdefault("Redis", {"Url": redis_url})
+        for key, value in broker_sections.items():
+            sections.setdefault(key, value)
         settings = Settings.model_validate(sections)
         runtime = Runtime(settings, sender=sender, child_claim_wait=child_claim_wait)
         runtimes.append(runtime)
@@ -339,6 +462,19 @@ def thread_worker(make_runtime: MakeRuntime) -> Iterator[ThreadWorker]:
             f"{len(stuck)} executor thread(s) still running {THREAD_JOIN_SECONDS:g} s after "
             "the test; a run the test started never finished"
         )
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreeMasters]:
+    """A Redis Cluster of three masters for the module's tests (`tests/redis_cluster.py`);
+    they are skipped, saying why, where this machine's `redis-server` cannot run one."""
+    yield from three_masters(tmp_path_factory)
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: ThreeMasters) -> str:
+    """`Redis.ClusterUrl` of the module's cluster, emptied for this test."""
+    return redis_cluster.emptied_url()
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from tracon_jobs.db.models import Run
 from tracon_jobs.runs.dispatch import Sender
 from tracon_jobs.runs.lifecycle import Claim
 from tracon_jobs.runs.store import NewRun
-from tracon_jobs.runs.subagents import CHILD_CLAIM_WAIT
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings, load_settings
 
@@ -39,7 +38,7 @@ class MakeRuntime(Protocol):
         /,
         *,
         sender: Sender | None = None,
-        child_claim_wait: float = CHILD_CLAIM_WAIT,
+        child_claim_wait: float = ...,
         **sections: Any,
     ) -> Runtime: ...
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tracon_jobs import TIMED_OUT, WorkflowContext, workflow
+from tracon_jobs import TIMED_OUT, Branch, BranchFailed, WorkflowContext, workflow
 
 ran: list[str] = []
 _lock = threading.Lock()
@@ -143,3 +143,86 @@ def await_payment(ctx: WorkflowContext, input: dict[str, Any]) -> dict[str, Any]
     if paid is TIMED_OUT:
         return {"order": order, "paid": None}
     return {"order": order, "paid": paid}
+
+
+def score(item: int, seconds: float = 0) -> int:
+    count("score", str(item))
+    time.sleep(seconds)
+    return item * 10
+
+
+def broken(item: int) -> int:
+    count("broken", str(item))
+    raise ValueError(f"item {item} is broken")
+
+
+def broken_once(item: int) -> int:
+    """Fails the first time it runs in this process, then returns the item."""
+    count("broken-once", str(item))
+    if ran.count("broken-once") == 1:
+        raise ValueError(f"item {item} is broken this once")
+    return item
+
+
+def _shown(results: list[Any]) -> list[Any]:
+    """A fan-out's results as JSON: a failed branch as its error."""
+    return [{"failed": r.error} if isinstance(r, BranchFailed) else r for r in results]
+
+
+@workflow("fan")
+def fan(ctx: WorkflowContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Two function branches and an agent branch at once (a failing function branch too
+    with `input["broken"]`), then a node; `input["onFailure"]` is the policy."""
+    branches = [
+        Branch.step("score", score, 1, float(input.get("seconds", 0))),
+        Branch.agent("demo", "hello"),
+        Branch.step("score", score, 2),
+    ]
+    if input.get("broken"):
+        branches.append(Branch.step("broken", broken, 3))
+    if input.get("brokenOnce"):
+        branches.append(Branch.step("broken-once", broken_once, 3))
+    results = ctx.parallel(branches, on_failure=input.get("onFailure", "fail_fast"))
+    after = ctx.step("after-fan", _counted, "after-fan", "done")
+    return {"results": _shown(results), "after": after}
+
+
+@workflow("fan-agents")
+def fan_agents(ctx: WorkflowContext, input: dict[str, Any]) -> list[Any]:
+    """`ctx.map` of `input["agent"]` (default `demo`) over `input["n"]` messages."""
+    messages = [f"item {i}" for i in range(int(input.get("n", 10)))]
+    agent = str(input.get("agent", "demo"))
+    return _shown(ctx.map(agent, messages, on_failure=input.get("onFailure", "collect")))
+
+
+@workflow("parent-of-nap")
+def parent_of_nap(ctx: WorkflowContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A child workflow (`nap` for `input["seconds"]`), its result returned."""
+    return {"child": ctx.workflow("nap", {"seconds": input.get("seconds", 1)})}
+
+
+@workflow("fan-ten")
+def fan_ten(ctx: WorkflowContext, input: dict[str, Any]) -> list[Any]:
+    """Ten agent branches: `demo` (whose tool may wait for an approval) and nine `plain`."""
+    branches = [Branch.agent("demo", "close it")]
+    branches += [Branch.agent("plain", f"item {i}") for i in range(9)]
+    return _shown(ctx.parallel(branches, on_failure="collect"))
+
+
+@workflow("fan-slow")
+def fan_slow(ctx: WorkflowContext, input: dict[str, Any]) -> list[Any]:
+    """A quick and a slow (`input["seconds"]`) function branch beside an agent branch."""
+    seconds = float(input.get("seconds", 0))
+    branches = [
+        Branch.step("quick", _counted, "fan-quick", "q"),
+        Branch.step("slow", slow_node, "fan-slow", seconds, ctx),
+        Branch.agent("demo", "hello"),
+    ]
+    return ctx.parallel(branches, on_failure="fail_fast")
+
+
+@workflow("fan-long")
+def fan_long(ctx: WorkflowContext, input: dict[str, Any]) -> list[Any]:
+    """A function branch and a branch of the agent `long` (a minute long), collected."""
+    branches = [Branch.step("score", score, 1), Branch.agent("long", "take your time")]
+    return _shown(ctx.parallel(branches, on_failure="collect"))

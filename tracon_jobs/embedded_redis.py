@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,9 +86,12 @@ def start_embedded(
     return EmbeddedRedis(process, url)
 
 
-def ensure_redis(url: str, directory: Path) -> tuple[str, EmbeddedRedis | None]:
-    """`url` when a Redis answers there, else the URL of a freshly started embedded one."""
-    if answers(url):
+def ensure_redis(
+    url: str, directory: Path, answering: Callable[[str], bool] = answers
+) -> tuple[str, EmbeddedRedis | None]:
+    """`url` when a Redis answers there (`answering(url)`: a Sentinel group's master is asked
+    for through its sentinels), else the URL of a freshly started embedded one."""
+    if answering(url):
         return url, None
     embedded = start_embedded(directory)
     return embedded.url, embedded

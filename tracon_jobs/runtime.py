@@ -21,8 +21,6 @@ from typing import Any
 
 import redis
 from celery import Celery
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from tracon_jobs import fast_paths
 from tracon_jobs.agents.tools import ToolRegistry
@@ -30,6 +28,7 @@ from tracon_jobs.agents.tools import registry as default_tools
 from tracon_jobs.coordination.cancellation import RedisCancelBus
 from tracon_jobs.coordination.event_feed import EventFeed, RedisEventFeed
 from tracon_jobs.coordination.fair_share import RedisFairStore
+from tracon_jobs.coordination.held import HeldRuns, Holders
 from tracon_jobs.coordination.leases import RedisLeaseStore, Singleton
 from tracon_jobs.coordination.live_text import LiveText, RedisLiveText
 from tracon_jobs.db import Database
@@ -42,6 +41,7 @@ from tracon_jobs.limits.quota_store import RedisQuotaStore
 from tracon_jobs.limits.tenant_quotas import Quotas
 from tracon_jobs.limits.tenant_runs import RedisTenantRunStore, TenantRuns
 from tracon_jobs.providers.registry import ProviderRegistry
+from tracon_jobs.redis_clients import CoordinationClient, coordination_client, redis_client
 from tracon_jobs.resilience.breaker import BreakerPolicy, CircuitBreaker, RedisBreakerStore
 from tracon_jobs.resilience.cache import RedisResponseCache
 from tracon_jobs.resilience.concurrency import RedisSlotStore, Slots
@@ -66,7 +66,7 @@ from tracon_jobs.schedules.store import ScheduleStore
 from tracon_jobs.settings import Settings
 from tracon_jobs.tenants import TenantStore
 from tracon_jobs.webhooks.addresses import Destinations
-from tracon_jobs.webhooks.circuits import CIRCUIT_EVENTS, TRANSITIONS_KEY, CircuitEvents
+from tracon_jobs.webhooks.circuits import CIRCUIT_EVENTS, CircuitEvents, transitions_key
 from tracon_jobs.webhooks.deliverer import (
     Attempts,
     Deliverer,
@@ -78,9 +78,11 @@ from tracon_jobs.webhooks.outbox import QuotaNotices, WebhookOutbox
 from tracon_jobs.webhooks.sender import Sender as WebhookSender
 from tracon_jobs.webhooks.subscriptions import RedisSubscriptions, Subscriptions, configured
 from tracon_jobs.worker.app import CONTROL_QUEUE, Describe, create_celery, describe_runs
+from tracon_jobs.worker.brokers import is_coordination_redis
 from tracon_jobs.worker.capacity import WorkerCapacity, start_with_worker
 from tracon_jobs.worker.drain import WorkerDrain
 from tracon_jobs.worker.envelope import RUNS_QUEUE, celery_message, celery_sender
+from tracon_jobs.worker.held import follow_held_runs
 from tracon_jobs.workflows.registry import WorkflowRegistry
 from tracon_jobs.workflows.registry import registry as default_workflows
 from tracon_jobs.workflows.resume import WorkflowResumes
@@ -116,19 +118,17 @@ class Runtime:
         self.settings = settings
         self.db = Database(
             settings.database.url,
-            pool_size=settings.worker.concurrency + 5,
+            max_connections=settings.database.max_connections,
+            prepared_statements=settings.database.prepared_statements,
             outage_retry_seconds=settings.database.outage_retry.total_seconds(),
         )
-        # One quick retry, not redis-py's default backoff: an unreachable Redis must not
-        # stall a provider call for seconds before `OnStoreUnavailable` decides. The pool
-        # holds a connection per busy thread (each run's, the live text's flusher, the
-        # listeners, a web process's request threads): redis-py's default cap of 100 would
-        # refuse a call ("Too many connections") at a hundred runs in flight.
-        self.redis = redis.Redis.from_url(
-            settings.redis.url,
-            health_check_interval=30,
-            socket_connect_timeout=2,
-            retry=Retry(NoBackoff(), 1),
+        # The one server, or a Sentinel group's current master (`redis_clients`: one quick
+        # retry, not redis-py's default backoff). The pool holds a connection per busy thread
+        # (each run's, the live text's flusher, the listeners, a web process's request
+        # threads): redis-py's default cap of 100 would refuse a call ("Too many
+        # connections") at a hundred runs in flight.
+        self.redis = redis_client(
+            settings.redis,
             max_connections=REDIS_CONNECTIONS_SPARE + 2 * settings.worker.concurrency,
         )
         self.feed = feed or RedisEventFeed(self.redis)
@@ -177,6 +177,22 @@ class Runtime:
             settings.webhooks, os.environ
         )
 
+    @cached_property
+    def coordination(self) -> CoordinationClient:
+        """The client of the coordination state: the Redis Cluster of `Redis:ClusterUrl`
+        (built, and so connected, when first asked for), else `self.redis` itself.
+
+        On it: circuits, slots, rate windows, budgets, quotas, tenants' running places, stream
+        places, leases, the response cache and the circuits' moves. On `self.redis` always:
+        the broker, the fair lines, the held runs' records and everything that publishes or
+        subscribes (docs/reliability.md, "Redis Cluster"). A cluster's pools are per node:
+        each gets the cap of `self.redis`'s one pool."""
+        cluster = coordination_client(
+            self.settings.redis,
+            max_connections=REDIS_CONNECTIONS_SPARE + 2 * self.settings.worker.concurrency,
+        )
+        return self.redis if cluster is None else cluster
+
     def send_runs_with(self, sender: Sender) -> None:
         """Send run messages through `sender` instead of Celery (tests run them in threads)."""
         self.dispatcher.send = sender
@@ -187,16 +203,22 @@ class Runtime:
         """The fair lines; with the envelope fast path they push runs' messages themselves."""
         return self._fair_store(celery=True)
 
+    @cached_property
+    def pushes_runs(self) -> bool:
+        """Whether runs' messages are pushed to the broker's Redis list by this process (the
+        `envelope` fast path): only where the broker is `Redis:Url` itself. On RabbitMQ, or
+        a Redis of the messages' own, every message goes through Celery's `send_task`."""
+        return fast_paths.enabled("envelope") and is_coordination_redis(self.settings)
+
     def _fair_store(self, celery: bool) -> RedisFairStore:
         lost_ms = _ms(self.settings.runs.requeue_after)
-        pushes = celery and fast_paths.enabled("envelope")
+        pushes = celery and self.pushes_runs
         return RedisFairStore(self.redis, lost_ms, queue=RUNS_QUEUE if pushes else None)
 
     def _fair_share(self, celery: bool) -> FairShare:
         if not celery:  # runs sent by a sender of the caller's: the lines push nothing
             return FairShare(self._fair_store(celery=False))
-        pushes = fast_paths.enabled("envelope")
-        return FairShare(self.fair_store, self._message if pushes else None)
+        return FairShare(self.fair_store, self._message if self.pushes_runs else None)
 
     def _message(self, run_id: str) -> str:
         return self._celery_message(run_id)
@@ -210,7 +232,7 @@ class Runtime:
 
     @cached_property
     def _celery_send(self) -> Sender:
-        client = self.redis if fast_paths.enabled("envelope") else None  # else Celery's `send_task`
+        client = self.redis if self.pushes_runs else None  # else Celery's `send_task`
         return celery_sender(self.celery, labels=self._labels_of, client=client)
 
     def _labels_of(self, run_id: str) -> tuple[str, str] | None:
@@ -239,15 +261,27 @@ class Runtime:
         queues = [RUNS_QUEUE, CONTROL_QUEUE]
         WorkerDrain(app, self.settings.drain, self.draining, self.live_runs, queues).install()
         self.capacity(app).install()
+        held = HeldRuns(self.redis, self.worker_id, healthy=self.db.check)
+        follow_held_runs(app, held)
         start_with_worker(app, self.deliverer.start)
         return app
+
+    @cached_property
+    def worker_id(self) -> str:
+        """This process, as a worker: in the fair lines and in the held runs' records."""
+        return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    @cached_property
+    def holders(self) -> Holders:
+        """Every worker's held runs, for the requeue pass."""
+        return Holders(self.redis)
 
     def capacity(self, app: Celery) -> WorkerCapacity:
         """This worker's slots in the fair lines, registered once it is ready."""
         return WorkerCapacity(
             app,
             self.fair_store,
-            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",  # this process
+            self.worker_id,
             self.settings.worker.concurrency,
             self.tenants.weights,
             self.dispatcher.send_all,
@@ -265,7 +299,7 @@ class Runtime:
         )
         moves = self.circuit_events
         return CircuitBreaker(
-            RedisBreakerStore(self.redis, transitions=TRANSITIONS_KEY if moves else None),
+            RedisBreakerStore(self.coordination, transitions=transitions_key if moves else None),
             policy,
             enabled=config.enabled,
             on_store_unavailable=config.on_store_unavailable,
@@ -279,13 +313,14 @@ class Runtime:
         if not configured(self.settings) & CIRCUIT_EVENTS:
             return None
         moves = CircuitEvents(
-            self.redis,
+            self.coordination,
             self.db,
             self.subscriptions,
             lambda provider: circuits_view(self.breaker, self.slots, [provider], self.rate_limits)[
                 0
             ],
             wake=self.outbox.wake,
+            providers=self.settings.providers,
             poll_seconds=self.settings.webhooks.poll_interval.total_seconds(),
         )
         moves.start()
@@ -337,25 +372,25 @@ class Runtime:
     def slots(self) -> Slots:
         config = self.settings.model_concurrency
         return Slots(
-            RedisSlotStore(self.redis),
+            RedisSlotStore(self.coordination),
             config.max_concurrent_calls_per_provider,
             _ms(config.slot_lease),
         )
 
     @cached_property
     def rate_limits(self) -> RateLimits:
-        return RateLimits(RedisRateStore(self.redis), limits_of(self.settings.providers))
+        return RateLimits(RedisRateStore(self.coordination), limits_of(self.settings.providers))
 
     @cached_property
     def budgets(self) -> RedisBudgetStore:
-        return RedisBudgetStore(self.redis)
+        return RedisBudgetStore(self.coordination)
 
     @cached_property
     def quotas(self) -> Quotas:
         """Tenants' cost quotas: limits in SQL, counters in Redis."""
         return Quotas(
             self.settings.tenants.default_quota,
-            RedisQuotaStore(self.redis),
+            RedisQuotaStore(self.coordination),
             self.db,
             self.settings.pricing.currency,
         )
@@ -377,7 +412,7 @@ class Runtime:
         """The elector of this process's periodic services (no thread until first asked)."""
         config = self.settings.singleton_execution
         return Singleton(
-            RedisLeaseStore(self.redis),
+            RedisLeaseStore(self.coordination),
             config.resolved_owner_id(),
             _ms(config.lease_duration),
             enabled=config.enabled,
@@ -398,13 +433,14 @@ class Runtime:
             workflows=self.workflow_runner,
             owner_id=self.owner_id,
             draining=self.draining,
-            cache=RedisResponseCache(self.redis),
+            cache=RedisResponseCache(self.coordination),
             sleep=self.sleep,
             live_text=self.live_text,
             resume_later=self.resumer.at,
             dispatcher=self.dispatcher,
+            child_ended=lambda run: self.workflow_resumes.child_ended(run),
             tenant_runs=TenantRuns(
-                RedisTenantRunStore(self.redis), self.settings.tenants.max_concurrent_runs
+                RedisTenantRunStore(self.coordination), self.settings.tenants.max_concurrent_runs
             ),
         )
 
@@ -430,7 +466,7 @@ class Runtime:
             self.settings.integrations.slack,
             os.environ,
             self.db,
-            RedisLeaseStore(self.redis),
+            RedisLeaseStore(self.coordination),
             timeout=self.settings.webhooks.timeout.total_seconds(),
         )
 
@@ -438,7 +474,7 @@ class Runtime:
     def slack_requests(self) -> SlackRequests | None:
         """The checks of Slack's signed requests (signature, age, replay)."""
         return slack_requests(
-            self.settings.integrations.slack, os.environ, RedisLeaseStore(self.redis)
+            self.settings.integrations.slack, os.environ, RedisLeaseStore(self.coordination)
         )
 
     @cached_property
@@ -468,13 +504,18 @@ class Runtime:
             lambda run_id: self.executor.execute(run_id),
             quotas=self.quotas,
             event_waited=lambda run_id: self.workflow_resumes.give_kept_event(run_id),
+            fanout_waited=lambda run_id: self.workflow_resumes.answer_fanout(run_id),
         )
 
     @cached_property
     def workflow_resumes(self) -> WorkflowResumes:
         """Answers, operator resumes and job recoveries of workflow runs."""
         return WorkflowResumes(
-            self.settings, self.workflow_store, self.dispatcher, self.workflow_registry
+            self.settings,
+            self.workflow_store,
+            self.dispatcher,
+            self.workflow_registry,
+            cancel=lambda run: self.subagents.cancel(run.id),
         )
 
     @cached_property
@@ -534,10 +575,12 @@ class Runtime:
         )
 
     def open_connections(self) -> None:
-        """As a worker starts: a database and a Redis connection open for each of its
-        threads, so a backlog's first runs do not each open theirs at the same moment."""
+        """As a worker starts: a Redis connection open for each of its threads, so a
+        backlog's first runs do not each open theirs at the same moment. Database
+        connections are not opened ahead: each counts against the server's
+        `max_connections`, and a thread opens one when it first needs one
+        (`Database.MaxConnections`; measured with B2, docs/benchmark-history.md)."""
         count = self.settings.worker.concurrency
-        database = self.db.open_connections(count)
         pool = self.redis.connection_pool
         opened: list[Any] = []
         try:
@@ -550,7 +593,15 @@ class Runtime:
         finally:
             for connection in opened:
                 pool.release(connection)
-        log.info("opened %d database and %d Redis connections ahead", database, len(opened))
+        log.info("opened %d Redis connections ahead", len(opened))
+
+    def read_before_serving(self) -> None:
+        """As a worker or a web process starts: the webhook subscriptions read now, outside
+        any transaction. Read lazily, the first read came inside the first event write's
+        transaction, on a second connection of its thread: with every connection the
+        process may open (`Database.MaxConnections`) held by threads in such a first
+        write, each would wait for a connection that none of them gives back."""
+        self.subscriptions.current()
 
     def close(self) -> None:
         if "leases" in self.__dict__:
@@ -568,6 +619,9 @@ class Runtime:
             self.webhook_sender.close()
         self.providers.close_all()
         self.db.dispose()
+        coordination = self.__dict__.get("coordination")
+        if coordination is not None and coordination is not self.redis:
+            coordination.close()
         self.redis.close()
 
 

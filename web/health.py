@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Flask, Response, current_app, jsonify
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+from redis.cluster import RedisCluster
 from sqlalchemy import text
 
 from web.draining import is_draining
@@ -21,6 +22,8 @@ def healthz() -> Response:
 @bp.get("/readyz")
 def readyz() -> tuple[Response, int]:
     checks = {"sql": _check_sql(), "redis": _check_redis()}
+    if runtime().settings.redis.cluster_url is not None:
+        checks["redisCluster"] = _check_redis_cluster()
     draining = is_draining()
     ready = all(checks.values()) and not draining
     body = {"status": "ready" if ready else "unavailable", "checks": checks, "draining": draining}
@@ -39,6 +42,16 @@ def _check_sql() -> bool:
 def _check_redis() -> bool:
     try:
         return bool(runtime().redis.ping())
+    except Exception:
+        return False
+
+
+def _check_redis_cluster() -> bool:
+    """The coordination state's cluster (`Redis:ClusterUrl`): every master answers a `PING`
+    (building the client asks a startup node for the map, which fails when none answers)."""
+    try:
+        coordination = runtime().coordination
+        return bool(coordination.ping(target_nodes=RedisCluster.PRIMARIES))
     except Exception:
         return False
 

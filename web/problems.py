@@ -10,6 +10,8 @@ from flask import Flask, Response, current_app, json, request
 from sqlalchemy.exc import InterfaceError, OperationalError
 from werkzeug.exceptions import HTTPException
 
+from tracon_jobs.db.engine import ConnectionsExhausted
+
 PROBLEM_TYPE = "about:blank"
 OPENAI_PREFIX = "/v1/"
 """Where errors take OpenAI's shape (`{"error": {...}}`) instead of problem+json."""
@@ -58,7 +60,7 @@ def not_found(detail: str) -> Problem:
 
 def init_app(app: Flask) -> None:
     app.register_error_handler(Problem, lambda problem: problem.response())
-    for unavailable in (OperationalError, InterfaceError):
+    for unavailable in (OperationalError, InterfaceError, ConnectionsExhausted):
         app.register_error_handler(unavailable, _sql_unavailable)
     for outage in REDIS_OUTAGES:
         app.register_error_handler(outage, _redis_unavailable)
@@ -73,8 +75,9 @@ a script or command error is a defect, and stays a 500."""
 
 
 def _sql_unavailable(exc: Exception) -> Response:
-    """The database did not answer (a restart, a failover): 503 and when to retry; nothing
-    was half-done, every write is one transaction."""
+    """The database did not answer (a restart, a failover), or this process's every
+    connection stayed busy (`Database.MaxConnections`): 503 and when to retry; nothing was
+    half-done, every write is one transaction."""
     logging.getLogger(__name__).warning("database unavailable: %s", exc)
     return unavailable("the database", SQL_RETRY_AFTER_SECONDS, "database_unavailable")
 

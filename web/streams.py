@@ -77,7 +77,7 @@ def stream_places() -> StreamPlaces:
     places: StreamPlaces | None = app.extensions.get("tracon_stream_places")
     if places is None:
         rt = runtime()
-        places = CountedPlaces(rt.redis, rt.settings.web.max_streams_per_tenant)
+        places = CountedPlaces(rt.coordination, rt.settings.web.max_streams_per_tenant)
         app.extensions["tracon_stream_places"] = places
     return places
 

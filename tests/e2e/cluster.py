@@ -18,6 +18,7 @@ import httpx
 
 from tracon_jobs.cli.supervisor import Child, Supervisor, wait_until
 from tracon_jobs.embedded_redis import free_port
+from tracon_jobs.fast_paths import ENV_VAR as FAST_PATHS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,7 +40,11 @@ class Cluster:
         sections.setdefault("Redis", {"Url": redis_url})
         config = directory / "tracon.json"
         config.write_text(json.dumps({"Tracon": sections}))
+        # the test's own TRACON_* variables stay out, but the switch of the fast paths goes in:
+        # a pass with `TRACON_FAST_PATHS=off` must turn them off in every process it starts
         env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TRACON")}
+        if FAST_PATHS in os.environ:
+            env[FAST_PATHS] = os.environ[FAST_PATHS]
         env.update(
             TRACON_CONFIG=str(config), PYTHONUNBUFFERED="1", C_FORCE_ROOT="1", PYTHONPATH=str(REPO)
         )

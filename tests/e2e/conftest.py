@@ -22,14 +22,19 @@ def flags(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_cluster(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis, flags: Path
+    tmp_path: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    flags: Path,
+    broker_sections: dict[str, Any],
 ) -> Iterator[Callable[..., Cluster]]:
     """`make(sql_url, **sections)`: a cluster on a config of those sections (on a clean
-    Redis database); every process it started is stopped after the test."""
+    Redis database, and RabbitMQ's with `TRACON_TEST_BROKER=amqp`); every process it started
+    is stopped after the test."""
     clusters: list[Cluster] = []
 
     def make(sql_url: str, **sections: Any) -> Cluster:
-        cluster = Cluster.create(tmp_path, sql_url, redis_url, **sections)
+        cluster = Cluster.create(tmp_path, sql_url, redis_url, **{**broker_sections, **sections})
         cluster.env["TRACON_TEST_FLAGS"] = str(flags)
         clusters.append(cluster)
         return cluster

@@ -41,12 +41,16 @@ def cluster_redis_url(redis_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def make_cluster(
-    tmp_path: Path, cluster_redis_url: str, redis_client: redis.Redis
+    tmp_path: Path,
+    cluster_redis_url: str,
+    redis_client: redis.Redis,
+    broker_sections: dict[str, Any],
 ) -> Iterator[Callable[..., Cluster]]:
     clusters: list[Cluster] = []
 
     def make(sql_url: str, **sections: Any) -> Cluster:
-        cluster = Cluster.create(tmp_path, sql_url, cluster_redis_url, **sections)
+        merged = {**broker_sections, **sections}  # RabbitMQ with TRACON_TEST_BROKER=amqp
+        cluster = Cluster.create(tmp_path, sql_url, cluster_redis_url, **merged)
         clusters.append(cluster)
         return cluster
 

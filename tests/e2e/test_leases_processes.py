@@ -175,7 +175,15 @@ class Contenders:
         wait_until(renewed, timeout=WAIT, what=f"{count} renewals by {pid}")
 
     def first_grant_after(self, pid: int, since: int) -> int:
-        return min(o.at for o in self.records()[0] if o.pid == pid and o.granted and o.at > since)
+        """When `pid` was first granted the lease after `since`. A contender logs a grant
+        after its script returned, so the lease can name it before its record is in the
+        log: wait for the record."""
+
+        def grants() -> list[int]:
+            return [o.at for o in self.records()[0] if o.pid == pid and o.granted and o.at > since]
+
+        wait_until(lambda: bool(grants()), timeout=WAIT, what=f"the grant {pid} logged")
+        return min(grants())
 
     def signal(self, pid: int, sig: signal.Signals) -> int:
         """Send `sig` to one contender; the server time just before it."""

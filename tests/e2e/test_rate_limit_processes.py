@@ -27,6 +27,7 @@ import redis
 from tests.e2e.cluster import Cluster, wait_until
 from tests.helpers import ENDED, MakeRuntime, event_types
 from tests.stub_provider import Error, Exchange, Reply, StubProvider
+from tracon_jobs.resilience.rate_limits import RedisRateStore
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 
@@ -130,7 +131,7 @@ def submit_async(base: str, headers: dict[str, str], agent: str, message: str) -
 def starts_in_redis(client: redis.Redis, scope: str) -> dict[str, float]:
     """The limiter's record of the scope's starts: call id -> Redis time in seconds."""
     entries: list[tuple[bytes, float]] = list(
-        client.zrange(f"tracon:rate:{{{scope}}}:starts", 0, -1, withscores=True)  # type: ignore[arg-type]
+        client.zrange(RedisRateStore(client).keys(scope)[0], 0, -1, withscores=True)  # type: ignore[arg-type]
     )
     return {call.decode(): score / 1000 for call, score in entries}
 

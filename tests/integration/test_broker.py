@@ -14,7 +14,14 @@ from celery import Celery
 from kombu import Connection, Consumer, Queue
 
 from tests.helpers import wait_until
-from tracon_jobs.worker.broker import ACK_DELAY_SECONDS, TRANSPORT, Channel, QoS, transport_for
+from tracon_jobs.worker.broker import (
+    ACK_DELAY_SECONDS,
+    SENTINEL_TRANSPORT,
+    TRANSPORT,
+    Channel,
+    QoS,
+    transport_for,
+)
 
 
 def test_a_channel_hands_out_one_client_for_every_operation(redis_url: str) -> None:
@@ -64,7 +71,8 @@ def test_a_task_sent_through_it_is_read_by_kombus_own_transport(redis_url: str) 
 def test_only_plain_redis_urls_get_the_transport() -> None:
     assert transport_for("redis://127.0.0.1:6379/0") == TRANSPORT
     assert transport_for("rediss://example.com:6380/0") is None  # kombu turns TLS on by scheme
-    assert transport_for("sentinel://127.0.0.1:26379") is None
+    # kombu's Sentinel transport with the lost-connection fix, fast paths or not
+    assert transport_for("sentinel://127.0.0.1:26379") == SENTINEL_TRANSPORT
 
 
 def test_ack_emulation_keeps_kombus_keys_and_restores_as_kombu_does(

@@ -4,14 +4,17 @@ message, and the overshoot bound of concurrent branches (real Redis, real SQL)."
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
 import redis
+from sqlalchemy import func, select, update
 
 from tests.helpers import MakeRuntime, Script, hold_queued, scripted_agent
 from tests.stub_provider import Reply, StubProvider
+from tracon_jobs.db.models import Run
 from tracon_jobs.limits.budget_store import (
     UNCAPPED_ROOM,
     BudgetStore,
@@ -21,13 +24,10 @@ from tracon_jobs.limits.budget_store import (
     RedisBudgetStore,
     Totals,
 )
-from tracon_jobs.limits.tree import estimate_tokens, seed_totals
+from tracon_jobs.limits.tree import MAX_CHAIN, ChainUnreadable, estimate_tokens, seed_totals
 from tracon_jobs.runs.executor import initial_messages
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
-
-QUICK_CHILD_CLAIM = 0.2
-"""Seconds a parent lets other workers claim its child: no worker runs here, so be quick."""
 
 LOOP = [
     {
@@ -46,7 +46,7 @@ def runtime_with(
     **sections: Any,
 ) -> Runtime:
     sections = scripted_agent(script, tools) | sections
-    return make_runtime(url, sender=hold_queued, child_claim_wait=QUICK_CHILD_CLAIM, **sections)
+    return make_runtime(url, sender=hold_queued, **sections)
 
 
 def run_demo(runtime: Runtime, agent: str = "demo") -> Any:
@@ -143,7 +143,7 @@ def test_duration_limit_refuses_the_next_model_call(
     assert run.error_type == "run_budget_exceeded" and "MaxDuration" in run.error_message
 
 
-SUPERVISOR = {
+SUPERVISOR: dict[str, Any] = {
     "Providers": {
         "boss": {
             "Kind": "scripted",
@@ -163,9 +163,7 @@ SUPERVISOR = {
 
 
 def supervisor(make_runtime: MakeRuntime, url: str, **graph: Any) -> Runtime:
-    return make_runtime(
-        url, sender=hold_queued, child_claim_wait=QUICK_CHILD_CLAIM, **SUPERVISOR, AgentGraph=graph
-    )
+    return make_runtime(url, sender=hold_queued, **SUPERVISOR, AgentGraph=graph)
 
 
 def test_a_sub_agent_is_a_child_run_of_the_tree(
@@ -252,6 +250,104 @@ def test_a_continuation_starts_from_what_its_chain_spent(
     tree = runtime.runs.tree(first.id, tenant)
     assert seed.tokens == sum(r.input_tokens + r.output_tokens for r in tree) > 0
     assert seed.children == 2
+
+
+def walked_totals(runtime: Runtime, root: str) -> Totals:
+    """What `seed_totals` answers, as it was computed before it was one statement: the chain
+    walked run by run, each tree summed on its own (the reference it is held to)."""
+    tokens, cost, children, unknown, executed = 0, Decimal(0), 0, False, 0
+    current: str | None = root
+    with runtime.db.read() as session:
+        for _ in range(MAX_CHAIN):
+            if current is None:
+                break
+            row = session.execute(
+                select(
+                    func.coalesce(func.sum(Run.input_tokens + Run.output_tokens), 0),
+                    func.coalesce(func.sum(Run.cost_amount), 0),
+                    func.count(),
+                    func.max(Run.cost_source),
+                ).where(Run.root_run_id == current)
+            ).one()
+            tokens += int(row[0])
+            cost += Decimal(str(row[1]))
+            children += max(int(row[2]) - 1, 0)
+            unknown = unknown or row[3] == "Unknown"
+            run = session.get(Run, current)
+            if current != root and run is not None and run.started_at is not None:
+                recovered = run.error_type in ("orphaned", "interrupted")
+                end = (recovered and run.heartbeat_at) or run.ended_at or run.started_at
+                ran = int((end - run.started_at).total_seconds() * 1000) - (run.waited_ms or 0)
+                executed += max(ran, 0)
+            current = session.scalar(select(Run.continued_from_run_id).where(Run.id == current))
+        if current is not None:
+            raise ChainUnreadable(root)
+    return Totals(tokens, cost, children, unknown, executed)
+
+
+def test_a_chain_s_spend_in_one_statement_is_what_walking_it_gives(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = make_runtime(sql_url, sender=hold_queued)
+    tenant = runtime.tenants.ensure_tenant("acme")
+    now = runtime.db.now()
+
+    def run(continues: str | None = None, parent: str | None = None, **values: Any) -> str:
+        new = NewRun(tenant, "demo", {"message": "x"}, continued_from_run_id=continues)
+        if parent is not None:
+            new = NewRun(
+                tenant, "demo", {"message": "x"}, parent_run_id=parent, root_run_id=parent, depth=1
+            )
+        run_id = runtime.runs.create(new).id
+        if values:
+            with runtime.db.write() as session:
+                session.execute(update(Run).where(Run.id == run_id).values(**values))
+        return run_id
+
+    # Given a chain of four trees: spend, children, a cost of unknown source, a run closed
+    # as an orphan (it counts to its heartbeat), one that waited for a person
+    second = timedelta(seconds=1)
+    spent: dict[str, Any] = {"input_tokens": 7, "output_tokens": 5, "cost_amount": Decimal("0.25")}
+    first = run(**spent, started_at=now, ended_at=now + 9 * second)
+    run(parent=first, **spent)
+    orphan = run(
+        first,
+        **spent,
+        started_at=now,
+        heartbeat_at=now + 2 * second,
+        ended_at=now + 60 * second,
+        error_type="orphaned",
+    )
+    run(parent=orphan, input_tokens=1, output_tokens=1, cost_source="Unknown")
+    run(parent=orphan, input_tokens=3, output_tokens=0)
+    waited = run(orphan, started_at=now, ended_at=now + 30 * second, waited_ms=25_000)
+    last = run(waited, **spent)
+
+    # Then one statement gives what walking the chain gave, on either database
+    assert seed_totals(runtime.db, last) == walked_totals(runtime, last)
+    assert seed_totals(runtime.db, last) == Totals(
+        tokens=12 * 4 + 2 + 3,
+        cost=Decimal("1.00"),
+        children=3,
+        unknown_price=True,
+        executed_ms=(30 - 25 + 2 + 9) * 1000,
+    )
+    assert seed_totals(runtime.db, first) == walked_totals(runtime, first)
+
+    # And a chain of as many runs as a run may continue is read; one more, or one whose
+    # 128th run names a run that is gone, is refused, as before
+    longest = run(None)
+    for _ in range(MAX_CHAIN - 1):
+        longest = run(longest)
+    assert seed_totals(runtime.db, longest) == walked_totals(runtime, longest)
+    dangling = run(None, continued_from_run_id="gone")
+    for _ in range(MAX_CHAIN - 1):
+        dangling = run(dangling)
+    for root in (dangling, run(longest)):
+        with pytest.raises(ChainUnreadable):
+            walked_totals(runtime, root)
+        with pytest.raises(ChainUnreadable):
+            seed_totals(runtime.db, root)
 
 
 def test_a_lost_budget_is_rebuilt_from_sql(

@@ -1,7 +1,8 @@
-""".ci/services, the part of .ci/run that makes PostgreSQL and chromium be there: on this
-machine as it is, and on machines without them, where `PATH` holds only the shell's own
+""".ci/services, the part of .ci/run that makes PostgreSQL, chromium and pgbouncer be there: on
+this machine as it is, and on machines without them, where `PATH` holds only the shell's own
 tools and stand-ins for the system's commands (apt-get, pg_isready, pg_lsclusters,
-pg_ctlcluster, pg_createcluster, pg_dropcluster, chromium, id), each logging its call."""
+pg_ctlcluster, pg_createcluster, pg_dropcluster, chromium, pgbouncer, id), each logging its
+call."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ case "$*" in
     done
     echo "15 main 5432 online postgres /x /y" >"$SANDBOX/clusters"; touch "$SANDBOX/up" ;;
   *"install -y chromium"*) cp "$SANDBOX/available/chromium" "$SANDBOX/bin/" ;;
+  *"install -y pgbouncer"*) cp "$SANDBOX/available/pgbouncer" "$SANDBOX/bin/" ;;
 esac
 """
 
@@ -77,6 +79,7 @@ class Machine:
     def run(self, *services: str) -> tuple[int, str]:
         env = {"PATH": str(self.bin), "SANDBOX": str(self.root), "CI_SERVICES_WAIT_SECONDS": "1"}
         env["PG_LIB"] = str(self.root / "lib")
+        env["CI_SBIN"] = str(self.root / "sbin")  # none: the machine's /usr/sbin is not ours
         done = subprocess.run(
             ["bash", str(SCRIPT), *services],
             env=env,
@@ -112,6 +115,7 @@ def machine(tmp_path: Path) -> Machine:
         stand_in(tmp_path / "available" / name, body)
     stand_in(tmp_path / "available" / "apt-get", APT_GET)
     stand_in(tmp_path / "available" / "chromium", "exit 0")
+    stand_in(tmp_path / "available" / "pgbouncer", "exit 0")
     (tmp_path / "uid").write_text("0\n")
     (tmp_path / "apt-works").touch()
     return found.has("id", "apt-get")
@@ -127,7 +131,7 @@ def test_on_this_machine_a_postgresql_that_answers_is_left_as_it_is() -> None:
 
 
 def test_a_server_that_answers_is_left_as_it_is(machine: Machine) -> None:
-    machine.has("pg_isready", "pg_lsclusters", "pg_ctlcluster", "chromium")
+    machine.has("pg_isready", "pg_lsclusters", "pg_ctlcluster", "chromium", "pgbouncer")
     (machine.root / "up").touch()
 
     assert machine.run() == (0, "")
@@ -220,6 +224,23 @@ def test_chromium_there_already_installs_nothing(machine: Machine) -> None:
 
     assert machine.run("chromium") == (0, "")
     assert machine.calls() == []
+
+
+def test_missing_pgbouncer_is_installed(machine: Machine) -> None:
+    code, output = machine.run("pgbouncer")
+
+    assert code == 0, output
+    assert machine.calls() == ["apt-get -qq update", "apt-get -qq install -y pgbouncer"]
+    assert (machine.bin / "pgbouncer").exists()
+
+
+def test_pgbouncer_that_cannot_be_installed_fails_saying_so(machine: Machine) -> None:
+    (machine.root / "apt-works").unlink()
+
+    code, output = machine.run("pgbouncer")
+
+    assert code == 1
+    assert "ci: no pgbouncer, and it could not be installed" in output
 
 
 def test_ci_run_starts_the_services_before_the_suite_and_sets_ci() -> None:

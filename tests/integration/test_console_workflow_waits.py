@@ -142,3 +142,19 @@ def test_another_tenants_run_or_a_form_without_its_token_delivers_nothing(
     assert forged.status_code == 400
     assert run_of(runtime, run_id).status == "Waiting"
     assert runtime.workflow_store.kept_events(run_id) == 0
+
+
+def test_a_fan_out_shows_its_branches_and_what_each_came_to(runtime: Runtime) -> None:
+    run_id = waiting(runtime, "fan", {})
+    [child] = [run for run in runtime.runs.subtree(run_of(runtime, run_id)) if run.id != run_id]
+
+    client = signed_in(runtime, "acme")
+    text = text_of(client, f"/runs/{run_id}")
+
+    assert "Waiting for its branches fan-out parallel#1 2 of 3 ended · fail fast" in text
+    assert "0 score step this run done" in text
+    assert f"1 agent:demo agent demo {child.id[:8]}" in text
+    assert "running" in text
+    assert "Waiting for an answer" not in text and "Send answer" not in text
+    page = client.get(f"/runs/{run_id}").get_data(as_text=True)
+    assert f'href="/runs/{child.id}"' in page

@@ -120,3 +120,31 @@ def test_the_runtime_pushes_and_a_worker_runs_what_it_pushed(
     assert task.apply(kwargs=body[1]).get() == "Completed"
     done = runtime.runs.get(run.id)
     assert done is not None and done.status == "Completed"
+
+
+def test_a_continuation_s_message_is_labelled_from_its_row_in_hand(
+    make_runtime: MakeRuntime, sqlite_url: str, redis_client: redis.Redis
+) -> None:
+    """An answer's continuation (like a submission) is labelled for Flower with the run the
+    answer made, not with a read of its row back."""
+    sections: dict[str, Any] = {
+        "WorkflowModules": ["tests.workflows"],
+        "Workflows": {"EnableCheckpointing": True},
+    }
+    runtime = make_runtime(sqlite_url, **scripted_agent([{"Text": "hi"}]), **sections)
+    tenant = runtime.tenants.ensure_tenant("acme")
+    new = NewRun(tenant, "hundred", {}, kind="workflow", session_id="s", resumable=True)
+    asking = runtime.dispatcher.submit(new)
+    assert runtime.executor.execute(asking.id) == "Waiting"
+    read_back: list[str] = []
+    runtime.__dict__["_describe"] = lambda run_id: read_back.append(run_id)  # no row read
+    redis_client.delete(RUNS_QUEUE)
+
+    waiting = runtime.runs.get(asking.id)
+    assert waiting is not None
+    continuation = runtime.workflow_resumes.respond(waiting, "yes", resumable=True)
+
+    (message,) = sent(redis_client)
+    body = json.loads(base64.b64decode(message["body"]))
+    assert body[1] == {"run_id": continuation.id, "agent": "hundred", "tenant": "acme"}
+    assert read_back == []

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -551,6 +552,13 @@ def test_an_idle_deliverer_looks_once_a_minute_while_nobody_wants_anything(
         assert session.scalar(sa.select(sa.func.count()).select_from(WebhookMessage)) == 0
 
 
+def due(runtime: Runtime) -> datetime:
+    """A time every claim sees as past: a second before the database's now (a claim reads the
+    database clock once a minute, offset by that read's latency, so it may lag `now()` by
+    milliseconds under load)."""
+    return runtime.db.now() - timedelta(seconds=1)
+
+
 def test_a_claim_takes_no_more_than_its_limit_and_two_claims_share_nothing(
     make_runtime: MakeRuntime, sql_url: str, receiver: Receiver
 ) -> None:
@@ -563,7 +571,7 @@ def test_a_claim_takes_no_more_than_its_limit_and_two_claims_share_nothing(
     for _ in range(20):
         delivery(runtime.db, hook, tenant_id)
     with runtime.db.write() as session:  # due now (the rows' helper makes them due in an hour)
-        session.execute(sa.update(WebhookDelivery).values(next_attempt_at=runtime.db.now()))
+        session.execute(sa.update(WebhookDelivery).values(next_attempt_at=due(runtime)))
     store = runtime.webhook_deliveries
 
     # When two deliverers claim four each, then one claims the rest
@@ -596,7 +604,7 @@ def test_a_failed_attempt_recorded_while_its_endpoint_is_removed_does_not_deadlo
         for _ in range(3):
             delivery(runtime.db, hook, tenant_id)
         with runtime.db.write() as session:
-            session.execute(sa.update(WebhookDelivery).values(next_attempt_at=runtime.db.now()))
+            session.execute(sa.update(WebhookDelivery).values(next_attempt_at=due(runtime)))
         claimed = store.claim("one", 3)
         assert len(claimed) == 3
         barrier = threading.Barrier(4)
@@ -640,7 +648,7 @@ def test_a_success_ends_the_failure_clock_even_when_claimed_before_the_failure(
     for _ in range(2):
         delivery(runtime.db, hook, tenant_id)
     with runtime.db.write() as session:
-        session.execute(sa.update(WebhookDelivery).values(next_attempt_at=runtime.db.now()))
+        session.execute(sa.update(WebhookDelivery).values(next_attempt_at=due(runtime)))
     store = runtime.webhook_deliveries
     first, second = store.claim("one", 2)
 

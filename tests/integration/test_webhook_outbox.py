@@ -46,7 +46,7 @@ from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings
-from tracon_jobs.webhooks.circuits import TRANSITIONS_KEY
+from tracon_jobs.webhooks.circuits import TRANSITIONS_KEY, transitions_key
 from tracon_jobs.webhooks.events import WAKE_CHANNEL
 from tracon_jobs.webhooks.render import render
 from tracon_jobs.webhooks.subscriptions import (
@@ -175,7 +175,7 @@ def test_approvals_requested_decided_and_expired_write_theirs(
     make_runtime: MakeRuntime, sql_url: str
 ) -> None:
     runtime = runtime_for(
-        make_runtime, sql_url, CLOSE_THEN_ANSWER, Approvals={"Timeout": "00:00:00.500"}
+        make_runtime, sql_url, CLOSE_THEN_ANSWER, Approvals={"Timeout": "00:00:02"}
     )
     acme = runtime.tenants.ensure_tenant("acme")
     endpoint(runtime, "acme", APPROVAL_EVENTS)
@@ -187,7 +187,7 @@ def test_approvals_requested_decided_and_expired_write_theirs(
 
     runtime.approvals.decide(acme, decided, True, "fine", "key:test")
     expires_at = runtime.approval_store.get(expiring).expires_at  # type: ignore[union-attr]
-    wait_until(lambda: runtime.db.now() > expires_at, what="the expiry", timeout=5)
+    wait_until(lambda: runtime.db.now() > expires_at, what="the expiry", timeout=10)
     expired = runtime.approvals.expire_once(runtime.db.now())
 
     assert [e.approval.id for e in expired] == [expiring]
@@ -875,6 +875,26 @@ def test_a_move_whose_process_died_after_the_script_is_moved_by_another(
     # Then the move becomes its message
     wait_until(lambda: len(circuit_messages(runtime)) == 1, what="the move", timeout=5)
     assert circuit_messages(runtime)[0].subject_id == "p-1"
+
+
+def test_the_moves_of_a_provider_removed_from_the_configuration_are_moved_still(
+    make_runtime: MakeRuntime, sql_url: str, redis_url: str
+) -> None:
+    # Given a move on the list of provider `gone`, which the configuration no longer names
+    gone = transitions_key("gone")
+    store = RedisBreakerStore(redis.Redis.from_url(redis_url), transitions=lambda _p: gone)
+    policy = BreakerPolicy(threshold=1, break_ms=5000, max_probes=1, probe_lease_ms=1000)
+    assert store.admit("gone", policy, "t").allowed
+    assert store.record("gone", policy, "t", "failure").after == "open"
+
+    # When a process with a breaker starts
+    runtime = operator_runtime(make_runtime, sql_url, PollInterval="00:00:00.200")
+    assert runtime.circuit_events is not None and gone not in runtime.circuit_events.keys[:-1]
+
+    # Then it finds that list, and the move becomes its message
+    wait_until(lambda: len(circuit_messages(runtime)) == 1, what="the move", timeout=5)
+    assert circuit_messages(runtime)[0].subject_id == "gone"
+    assert redis.Redis.from_url(redis_url).llen(gone) == 0
 
 
 MOVER = """

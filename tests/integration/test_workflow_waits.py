@@ -90,9 +90,11 @@ def test_a_pass_that_looks_ahead_answers_a_timer_at_its_time_not_at_the_next_tic
     assert began < due
     assert runtime.workflow_resumes.fire_due(began, timedelta(seconds=2)) == 1
 
-    # Then it answered the first at its time (not before), in this pass; the other sleeps on
+    # Then it answered the first at its time (not before), in this pass (the count above); the
+    # other sleeps on. The bound after is the answer's own time, which a loaded machine has
+    # stretched past half a second: it only rules out a wait of a whole further look-ahead.
     woke = run_of(runtime, continued(runtime, soon)).created_at
-    assert due <= woke < due + timedelta(seconds=0.5), (due, woke)
+    assert due <= woke < due + timedelta(seconds=1.5), (due, woke)
     assert run_of(runtime, later).status == "Waiting"
 
 

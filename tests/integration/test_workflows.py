@@ -17,8 +17,9 @@ from tests.helpers import MakeRuntime, claim_run, drop_idle_connections, run_of,
 from tests.helpers import event_types as types
 from tracon_jobs.db.models import Run, WorkflowNode
 from tracon_jobs.errors import ConfigurationError, RunTakenAway
-from tracon_jobs.limits.tree import seed_totals
+from tracon_jobs.limits.tree import ChainUnreadable, seed_totals
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
+from tracon_jobs.runs.reconcile import JOB_RESTARTED
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.runtime import Runtime
 from tracon_jobs.settings import Settings
@@ -274,6 +275,45 @@ def test_a_chain_longer_than_128_runs_fails_before_its_first_node(
     run = run_of(runtime, previous)
     assert run.error_type == "chain_unreadable" and "128" in (run.error_message or "")
     assert workflows.ran == []
+
+
+def test_a_chain_is_read_in_one_statement_as_the_walk_read_it(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    """`WorkflowStore.lineage`: the chain newest first, ending at a run it names that is gone
+    (as the walk run by run did), the runs after the newest restarted by its job, and 128 runs
+    the most a chain may hold."""
+    runtime = runtime_for(make_runtime, sql_url)
+    tenant = runtime.tenants.ensure_tenant("acme")
+    store = runtime.workflow_store
+
+    def run(continues: str | None, **values: Any) -> Run:
+        new = NewRun(tenant, "three-nodes", {}, kind="workflow", continued_from_run_id=continues)
+        created = runtime.runs.create(new)
+        if values:
+            with runtime.db.write() as session:
+                session.execute(update(Run).where(Run.id == created.id).values(**values))
+        return run_of(runtime, created.id)
+
+    # a chain whose oldest run names one that is gone, and whose middle run its job restarted
+    oldest = run(None, continued_from_run_id="gone")
+    restarted = run(oldest.id, error_type=JOB_RESTARTED)
+    middle = run(restarted.id)
+    newest = run(middle.id)
+    lineage = store.lineage(newest)
+    assert lineage.ids == [newest.id, middle.id, restarted.id, oldest.id, "gone"]
+    assert lineage.since_restart == [newest.id, middle.id]
+    assert store.lineage(oldest).ids == [oldest.id, "gone"]
+    fresh = run(None)  # continues nothing: nothing read
+    assert (store.lineage(fresh).ids, store.lineage(fresh).since_restart) == ([fresh.id],) * 2
+
+    # 128 runs: read whole; 129: refused
+    previous = run(None)
+    for _ in range(127):
+        previous = run(previous.id)
+    assert len(store.lineage(previous).ids) == 128
+    with pytest.raises(ChainUnreadable):
+        store.lineage(run(previous.id))
 
 
 def test_an_agent_continuation_with_a_long_chain_fails_too(

@@ -120,6 +120,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "what the domain reads",  # settings name the providers' capabilities
         (
             "tracon_jobs.settings",
+            "tracon_jobs.redis_clients",  # Redis clients and the broker's URL, from settings
             "tracon_jobs.metrics",
             "tracon_jobs.pricing",
             "tracon_jobs.idempotency",

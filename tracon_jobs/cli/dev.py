@@ -20,6 +20,7 @@ from tracon_jobs.cli.processes import cmd_migrate
 from tracon_jobs.cli.supervisor import ChildExited, Supervisor
 from tracon_jobs.settings import Settings, defaults, load_settings
 from tracon_jobs.settings.loading import environment_sources
+from tracon_jobs.settings.redis_url import masked
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "demo" / "config.json"
 STOP_TIMEOUT_SECONDS = 15.0
@@ -79,6 +80,7 @@ def check_ports(web_port: int, flower_port: int) -> None:
 
 def cmd_dev(args: argparse.Namespace, rest: list[str]) -> int:
     from tracon_jobs.embedded_redis import EmbeddedRedis, ensure_redis
+    from tracon_jobs.redis_clients import redis_answers
 
     check_ports(args.port, args.flower_port)  # before anything starts or is written
     # Ctrl-C must reach us even when started with SIGINT ignored (a background job), and the
@@ -95,7 +97,9 @@ def cmd_dev(args: argparse.Namespace, rest: list[str]) -> int:
     embedded: EmbeddedRedis | None = None
     code = 0
     try:
-        redis_url, embedded = ensure_redis(settings.redis.url, VAR / "redis")
+        redis_url, embedded = ensure_redis(
+            settings.redis.url, VAR / "redis", lambda _url: redis_answers(settings.redis)
+        )
         # which setting named the Redis that did not answer: before this process names one
         redis_line = _redis_line(settings, redis_url, embedded is not None, env)
         env["TRACON_REDIS_URL"] = redis_url
@@ -183,7 +187,7 @@ def _redis_line(settings: Settings, url: str, embedded: bool, env: dict[str, str
     """Which Redis is used; when an embedded one replaced the configured one, say so."""
     if not embedded:
         return f"redis: {url}"
-    configured = safe_url(settings.redis.url)
+    configured = masked(settings.redis.url)
     variable = environment_sources(env).get(("redis", "url"))
     if variable is not None:
         source = f"from {variable}"
@@ -210,6 +214,12 @@ def runnable_command() -> str:
         return str(here)
 
 
+def _broker_line(settings: Settings) -> str:
+    """The banner's line of a broker other than Redis (`Broker.Url`), its password masked."""
+    url = settings.broker.url
+    return "" if url is None else f"\n  broker: {masked(url)}"
+
+
 def _print_welcome(
     key: str, redis_line: str, web_port: int, flower_port: int, settings: Settings
 ) -> None:
@@ -219,7 +229,7 @@ def _print_welcome(
     print(
         f"""
   tracon-jobs is running: web {web}  ·  Flower http://{HOST}:{flower_port}
-  {redis_line}
+  {redis_line}{_broker_line(settings)}
   database: {safe_url(settings.database.url)}
   development tenant: {DEV_TENANT}  ·  API key: {key}
 

@@ -42,7 +42,7 @@ def cmd_migrate(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = load_runtime()
     runtime.close()
     url = runtime.settings.database.url
-    upgrade(url)
+    upgrade(url, prepared_statements=runtime.settings.database.prepared_statements)
     print(f"database migrated: {safe_url(url)}")
     return 0
 
@@ -88,6 +88,7 @@ class WebApplication(BaseApplication):
         self.cfg.set("accesslog", "-")
         self.cfg.set("logger_class", RedactingLogger)
         self.cfg.set("post_fork", _post_fork)
+        self.cfg.set("post_worker_init", _post_worker_init)
 
     def load(self) -> Any:
         return import_app(WEB_APP)
@@ -120,6 +121,11 @@ def _post_fork(server: Any, worker: Any) -> None:
     from tracon_jobs import tracing
 
     tracing.start("web")
+
+
+def _post_worker_init(worker: Any) -> None:
+    """In each gunicorn worker, once it loaded the app and before its first request."""
+    worker.wsgi.extensions["tracon"].read_before_serving()
 
 
 class DrainingArbiter(Arbiter):
@@ -166,6 +172,7 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = load_runtime()
     app = celery_with_periodic_tasks(runtime)
     runtime.open_connections()
+    runtime.read_before_serving()
     argv = [
         "worker",
         "-c",

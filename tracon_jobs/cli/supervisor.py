@@ -120,10 +120,11 @@ class Supervisor:
         for child in self.running():
             child.send(signum)
 
-    def stop(self) -> None:
-        """SIGTERM every group at once, SIGKILL whatever outlives `stop_timeout`; every
-        child is reaped, and its group swept with SIGKILL (a gunicorn worker left behind)."""
-        children = self.running()
+    def stop(self, only: list[Child] | None = None) -> None:
+        """SIGTERM every group at once (of `only`, when given), SIGKILL whatever outlives
+        `stop_timeout`; every child is reaped, and its group swept with SIGKILL (a gunicorn
+        worker left behind)."""
+        children = self.running() if only is None else [c for c in only if not c.stopped]
         for child in children:
             if child.alive():
                 child.send(signal.SIGTERM)

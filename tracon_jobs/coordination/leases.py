@@ -33,6 +33,7 @@ from typing import Protocol
 
 import redis
 
+from tracon_jobs.coordination.cluster import CoordinationClient
 from tracon_jobs.coordination.scripts import Scripts
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class LeaseStore(Protocol):
 class RedisLeaseStore:
     """Leases as Redis strings, changed only by owner-checking Lua scripts."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+    def __init__(self, client: CoordinationClient, prefix: str = "tracon") -> None:
         self.client = client
         self.prefix = prefix
         self.scripts = Scripts(client)

@@ -5,9 +5,15 @@ run, in order, in one `EVALSHA` with the next call on the same client that needs
 reply, or when the block ends. A call whose reply is wanted a little later (`later`: a
 circuit's admission, read after the budget gate that follows it) goes the same way. The
 scripts are composed into one program, each body a function of its own `KEYS` and `ARGV`,
-so each keeps its own semantics and the whole runs atomically. Keys of different hash
-slots in one script are fine on the one Redis server this project runs on (it does not
-support Redis Cluster).
+so each keeps its own semantics and the whole runs atomically.
+
+Every script's own keys share one Redis Cluster hash slot: each store tags its keys with
+the one thing they belong to (`tracon:budget:{<root run>}`, `tracon:breaker:{<provider>}`),
+and `tests/unit/test_key_slots.py` checks every call site. Composed calls of several stores
+do not (a circuit's record and a tree's spend): on a `RedisCluster` client the calls are cut,
+in order, into runs of one slot each (`slot_runs`), one EVALSHA a run, so a composed call is
+atomic within its slot only; on one server (or a Sentinel group's master) they go in one
+EVALSHA as before (docs/reliability.md, "Redis Cluster").
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
 from tracon_jobs.coordination.connections import command
@@ -67,6 +75,12 @@ def composed_source(names: tuple[str, ...]) -> str:
     return "\n".join(parts)
 
 
+def slot_of(key: str | bytes) -> int:
+    """The Redis Cluster hash slot of `key` (its `{tag}` when it has one), as the cluster and
+    redis-py compute it."""
+    return key_slot(key.encode() if isinstance(key, str) else key)
+
+
 @dataclass
 class Later:
     """The reply of a call sent with the next call on its client (`Scripts.later`)."""
@@ -104,6 +118,26 @@ class _Deferred(threading.local):
 
 _deferred = _Deferred()
 
+SPANS_SLOTS = -1
+"""`slot_runs`' mark of a run opened by a call whose own keys span slots: nothing joins it."""
+
+
+def slot_runs(calls: Sequence[Call]) -> list[list[Call]]:
+    """`calls`, in order, cut into runs whose keys share one hash slot (a call with no keys
+    joins the run before it): what one EVALSHA may carry on a Redis Cluster."""
+    runs: list[list[Call]] = []
+    current: int | None = None  # the open run's slot; None: no keys yet
+    for call in calls:
+        slots = {slot_of(key) for key in call.keys}
+        one = next(iter(slots)) if len(slots) == 1 else None
+        if runs and (not slots or (one is not None and current in (None, one))):
+            runs[-1].append(call)
+            current = current if one is None else one
+        else:
+            runs.append([call])
+            current = one if one is not None else (SPANS_SLOTS if slots else None)
+    return runs
+
 
 @contextmanager
 def deferring() -> Iterator[None]:
@@ -133,24 +167,30 @@ class Script:
 
     __slots__ = ("client", "sha", "text")
 
-    def __init__(self, client: redis.Redis, text: str) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster, text: str) -> None:
         self.client = client
         self.text = text
         self.sha = hashlib.sha1(text.encode()).hexdigest()
 
     def __call__(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         try:
-            return command(self.client, "EVALSHA", self.sha, len(keys), *keys, *args)
+            return self._evalsha(keys, args)
         except NoScriptError:
-            self.client.script_load(self.text)
-            return command(self.client, "EVALSHA", self.sha, len(keys), *keys, *args)
+            self.client.script_load(self.text)  # a cluster loads it on every master
+            return self._evalsha(keys, args)
+
+    def _evalsha(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        if isinstance(self.client, RedisCluster):  # routed by its keys' slot (one, or refused)
+            return self.client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        return command(self.client, "EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 class Scripts:
     """Registered scripts of one Redis client: one round trip per call (EVALSHA)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
         self.client = client
+        self.cluster = isinstance(client, RedisCluster)
         self._scripts: dict[str, Script] = {}
 
     def __call__(self, name: str, keys: list[str], args: list[Any], *, reply: bool = True) -> Any:
@@ -200,6 +240,10 @@ class Scripts:
         if len(calls) == 1:
             only = calls[0]
             return [self._script(only.name, (only.name,))(only.keys, only.args)]
+        if self.cluster:
+            runs = slot_runs(calls)
+            if len(runs) > 1:  # one EVALSHA a slot, in order (the module's docstring)
+                return [reply for run in runs for reply in self._run_all(run)]
         names = tuple(call.name for call in calls)
         counts = [n for call in calls for n in (len(call.keys), len(call.args))]
         keys = [key for call in calls for key in call.keys]

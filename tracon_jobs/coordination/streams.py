@@ -13,8 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import redis
-
+from tracon_jobs.coordination.cluster import CoordinationClient
 from tracon_jobs.coordination.scripts import Scripts
 
 LEASE_MS = 60_000
@@ -30,7 +29,7 @@ class StreamPlace:
 class StreamPlaces:
     """The places of live streams, per tenant, in Redis."""
 
-    def __init__(self, client: redis.Redis, limit: int, prefix: str = "tracon") -> None:
+    def __init__(self, client: CoordinationClient, limit: int, prefix: str = "tracon") -> None:
         self.client = client
         self.limit = limit
         self.prefix = prefix

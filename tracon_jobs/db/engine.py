@@ -4,6 +4,10 @@ SQLite needs three things to be shared by web, workers and beat: WAL (readers ne
 the writer), a busy timeout, and `BEGIN IMMEDIATE` for write transactions (a deferred
 transaction that upgrades from read to write fails with SQLITE_BUSY whatever the timeout).
 Engines are created after fork: a pooled connection must never cross a process boundary.
+
+A process opens a connection when a thread first needs one, and never more than
+`Database.MaxConnections` of them: PostgreSQL's `max_connections` is shared by every process
+of the cluster, so what each may hold is a budget (docs/operations.md, "Connections").
 """
 
 from __future__ import annotations
@@ -22,26 +26,23 @@ from typing import Any
 from sqlalchemy import Connection, DateTime, Engine, bindparam, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from tracon_jobs import fast_paths
 from tracon_jobs.db.hot import FastConnection
+from tracon_jobs.db.urls import normalize_url, prepare_threshold
+
+__all__ = ["ConnectionsExhausted", "Database", "normalize_url"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite write waits for another writer's lock before it fails."""
 
 log = logging.getLogger(__name__)
-
-
-def normalize_url(url: str) -> str:
-    """Use psycopg 3 for PostgreSQL whatever driver the URL names (or omits)."""
-    for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
 
 
 class StatementClock(FunctionElement[datetime]):
@@ -86,6 +87,44 @@ and the caller's outage retry (`db.outages`) or the web's 503 takes it from ther
 POOL_RECYCLE_SECONDS = 1800
 """Connections are replaced after this long, before a proxy or server idle limit cuts them."""
 
+MAX_CONNECTIONS = 10
+"""The most connections one process opens when no cap is given (`Database.MaxConnections`)."""
+
+CONNECTION_WAIT_SECONDS = 30.0
+"""How long a thread waits for a connection while the process holds its cap of them, then
+fails with `ConnectionsExhausted`: a statement takes milliseconds, so a wait this long means
+the cap is far too low for the process's threads, not that the database is busy."""
+
+
+class ConnectionsExhausted(PoolTimeout):
+    """Every connection the process may open was in use for the whole wait.
+
+    A `sqlalchemy.exc.TimeoutError`, so whatever handles SQLAlchemy's errors handles it;
+    its message names the setting that caps the connections."""
+
+    def __init__(self, cap: int, waited: float) -> None:
+        super().__init__(
+            f"all {cap} database connections this process may open "
+            f"(Tracon:Database:MaxConnections) were in use for {waited:g} s: raise "
+            "Database.MaxConnections, or run fewer threads in this process"
+        )
+        self.cap = cap
+        self.waited = waited
+
+
+class CappedPool(QueuePool):
+    """A `QueuePool` of at most `pool_size` connections, each opened when a thread first
+    needs it (none ahead of use), kept open once opened; a thread that needs one beyond the
+    cap waits up to the pool's timeout, then gets `ConnectionsExhausted`."""
+
+    def _do_get(self) -> ConnectionPoolEntry:
+        try:
+            return super()._do_get()
+        except ConnectionsExhausted:
+            raise
+        except PoolTimeout as exc:
+            raise ConnectionsExhausted(self.size(), self.timeout()) from exc
+
 
 class Database:
     """One database URL; engines and session factories per process, thread-safe."""
@@ -94,12 +133,16 @@ class Database:
         self,
         url: str,
         *,
-        pool_size: int = 20,
+        max_connections: int = MAX_CONNECTIONS,
+        prepared_statements: bool = True,
         outage_retry_seconds: float = 0,
         sqlite_busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+        connection_wait_seconds: float = CONNECTION_WAIT_SECONDS,
     ) -> None:
         self.url = normalize_url(url)
-        self.pool_size = pool_size
+        self.max_connections = max_connections  # the pool's cap: see `CappedPool`
+        self.prepared_statements = prepared_statements  # see `_postgres_connect_args`
+        self.connection_wait_seconds = connection_wait_seconds
         self.outage_retry_seconds = outage_retry_seconds  # see `db.outages`
         self.sqlite_busy_timeout_ms = sqlite_busy_timeout_ms
         self._lock = threading.Lock()
@@ -133,13 +176,14 @@ class Database:
     def transaction(self) -> Iterator[Connection]:
         """`write` as a Core connection, for the executor's hot writes (Core statements only).
 
-        No Session is built and closed around the statements, and the connection is checked
-        out of the pool before this process's SQLite writer lock is taken: the lock covers
-        `BEGIN IMMEDIATE` to `COMMIT` and nothing else, so the next writer's turn comes
-        sooner. Rolled back when the block raises."""
+        No Session is built and closed around the statements. Rolled back when the block
+        raises. On SQLite this process's writer lock is taken before the connection, as
+        `write` takes it: a thread that held a connection while it waited for the lock, and
+        a writer that held the lock while it waited for a connection, would each wait for
+        the other whenever every connection the process may open was taken."""
         self._ensure_engine()
         assert self._engine is not None
-        with self._core(self._engine) as connection, self._one_writer(), connection.begin():
+        with self._one_writer(), self._core(self._engine) as connection, connection.begin():
             yield connection
 
     def _core(self, engine: Engine) -> Connection:
@@ -196,22 +240,10 @@ class Database:
         with self._core(self._read_core) as connection:
             yield connection
 
-    def open_connections(self, count: int) -> int:
-        """Fill the pool with up to `count` open connections, as a worker starts: its first
-        runs then find one each instead of all opening theirs at once (a SQLite connection
-        sets up WAL and its pragmas; a PostgreSQL one starts a server process). Stops at
-        the pool's size and at the first connection the database refuses; how many are open.
-        """
-        opened: list[Any] = []
-        try:
-            for _ in range(min(count, self.pool_size)):
-                opened.append(self.engine.raw_connection())
-        except Exception as exc:  # the rest open when a thread needs one, as they would
-            log.warning("opened %d of %d database connections ahead: %s", len(opened), count, exc)
-        finally:
-            for connection in opened:
-                connection.close()  # back to the pool, open
-        return len(opened)
+    def check(self) -> None:
+        """One `SELECT 1` on a pooled connection: raises when the database cannot answer."""
+        with self.read() as session:
+            session.execute(text("SELECT 1"))
 
     def now(self) -> datetime:
         """The database clock, naive UTC: the one clock every host compares against.
@@ -262,27 +294,68 @@ class Database:
             return engine.execution_options(tracon_read_only=True)
         return engine.execution_options(tracon_read_only=True, isolation_level="AUTOCOMMIT")
 
+    def connect_options(self) -> tuple[str, dict[str, Any]]:
+        """The URL the driver is given and its connect options: SQLite's busy timeout;
+        PostgreSQL's connect timeout and prepared statements (`_postgres_connect_args`)."""
+        if self.is_sqlite:
+            return self.url, {"timeout": self.sqlite_busy_timeout_ms / 1000}
+        return _postgres_connect_args(self.url, self.prepared_statements)
+
     def _create_engine(self) -> Engine:
+        url, connect_args = self.connect_options()
+        pool: dict[str, Any] = {
+            "poolclass": CappedPool,
+            "pool_size": self.max_connections,
+            "max_overflow": 0,
+            "pool_timeout": self.connection_wait_seconds,
+            "connect_args": connect_args,
+        }
         if not self.is_sqlite:
             engine = create_engine(
-                self.url,
-                pool_size=self.pool_size,
-                max_overflow=10,
+                url,
+                **pool,
                 pool_use_lifo=True,  # the busy connections stay busy, idle ones get pinged
                 pool_recycle=POOL_RECYCLE_SECONDS,
-                connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_SECONDS},
             )
             _install_idle_ping(engine)
             return engine
         _ensure_sqlite_dir(self.url)
-        engine = create_engine(
-            self.url,
-            pool_size=self.pool_size,
-            max_overflow=10,
-            connect_args={"timeout": self.sqlite_busy_timeout_ms / 1000},
-        )
+        engine = create_engine(url, **pool)
         _install_sqlite_hooks(engine, self.sqlite_busy_timeout_ms)
         return engine
+
+
+DEAD_LINK: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+"""libpq's options that end a connection whose link drops packets in about 10 s (an idle one
+by keepalives, one with a statement in flight by `tcp_user_timeout`), instead of the kernel's
+15 minutes of retransmissions: the statement fails as an outage (`Database.OutageRetry`)
+and the thread goes on; a healthy link acknowledges at once, however long a statement runs.
+The URL's own values win (docs/reliability.md, "Partitions")."""
+
+
+def _postgres_connect_args(url: str, prepared_statements: bool) -> tuple[str, dict[str, Any]]:
+    """The URL psycopg is given and its options: the connect timeout, and the threshold of
+    prepared statements (psycopg prepares a statement a connection has run five times).
+
+    `prepared_statements` off (`Database.PreparedStatements`), or the URL's own
+    `prepare_threshold=none`, prepares nothing: behind a pooler in transaction mode
+    (PgBouncer before 1.21, or without `max_prepared_statements`) each transaction may get
+    another server session, where the statement was never prepared."""
+    url, threshold, given = prepare_threshold(url)
+    connect_args: dict[str, Any] = {"connect_timeout": PG_CONNECT_TIMEOUT_SECONDS}
+    chosen = make_url(url).query
+    connect_args |= {key: value for key, value in DEAD_LINK.items() if key not in chosen}
+    if not prepared_statements:
+        connect_args["prepare_threshold"] = None
+    elif given:
+        connect_args["prepare_threshold"] = threshold
+    return url, connect_args
 
 
 def _utc_now() -> datetime:

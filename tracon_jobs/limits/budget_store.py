@@ -22,8 +22,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Literal, Protocol
 
-import redis
-
+from tracon_jobs.coordination.cluster import CoordinationClient
 from tracon_jobs.coordination.scripts import Scripts
 
 if TYPE_CHECKING:
@@ -186,7 +185,7 @@ class BudgetStore(Protocol):
 
 
 class RedisBudgetStore:
-    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+    def __init__(self, client: CoordinationClient, prefix: str = "tracon") -> None:
         self.scripts = Scripts(client)
         self.prefix = prefix
 

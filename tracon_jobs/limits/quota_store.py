@@ -18,8 +18,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Literal, Protocol
 
-import redis
-
+from tracon_jobs.coordination.cluster import CoordinationClient
 from tracon_jobs.coordination.scripts import Scripts
 
 Period = Literal["day", "month"]
@@ -106,7 +105,7 @@ class QuotaStore(Protocol):
 
 
 class RedisQuotaStore:
-    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+    def __init__(self, client: CoordinationClient, prefix: str = "tracon") -> None:
         self.client = client
         self.scripts = Scripts(client)
         self.prefix = prefix

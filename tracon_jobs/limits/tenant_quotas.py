@@ -102,6 +102,7 @@ class Quotas:
 
     def set_quota(self, tenant_id: str, period: Period, limit: Decimal | None) -> None:
         assert period in PERIODS
+        now = self.db.now()  # before the transaction: one connection at a time per thread
         with self.db.write() as session:
             row = session.get(TenantQuotaOverride, tenant_id)
             if row is None:
@@ -109,7 +110,7 @@ class Quotas:
                 session.add(row)
             row.period = period
             row.cost_limit = limit  # type: ignore[assignment]
-            row.updated_at = self.db.now()
+            row.updated_at = now
 
     def clear_quota(self, tenant_id: str) -> bool:
         """Back to the default; False when the tenant had no quota of its own."""

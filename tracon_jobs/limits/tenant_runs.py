@@ -20,6 +20,7 @@ from typing import Protocol
 
 import redis
 
+from tracon_jobs.coordination.cluster import CoordinationClient
 from tracon_jobs.coordination.scripts import Scripts
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class TenantRunStore(Protocol):
 
 
 class RedisTenantRunStore:
-    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+    def __init__(self, client: CoordinationClient, prefix: str = "tracon") -> None:
         self.scripts = Scripts(client)
         self.prefix = prefix
 

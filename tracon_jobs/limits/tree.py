@@ -11,10 +11,10 @@ import json
 import logging
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any, Final, cast
 
 import redis
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import CTE, Row, Select, Table, bindparam, func, literal, select
 
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
@@ -199,37 +199,101 @@ class ChainUnreadable(Exception):
 
 
 def seed_totals(db: Database, root: str) -> Totals:
-    """What the tree, and the chain of runs its root continues, already spent."""
+    """What the tree, and the chain of runs its root continues, already spent: one statement
+    (`_CHAIN_SPEND`), a row for each run of the chain with what its tree spent; a chain longer
+    than `MAX_CHAIN` runs is refused (`ChainUnreadable`), as the walk it replaced refused it."""
     tokens, cost, children, unknown, executed = 0, Decimal(0), 0, False, 0
-    current: str | None = root
     with db.read() as session:
-        for _ in range(MAX_CHAIN):
-            if current is None:
-                break
-            row = session.execute(
-                select(
-                    func.coalesce(func.sum(Run.input_tokens + Run.output_tokens), 0),
-                    func.coalesce(func.sum(Run.cost_amount), 0),
-                    func.count(),
-                    func.max(Run.cost_source),
-                ).where(Run.root_run_id == current)
-            ).one()
-            tokens += int(row[0])
-            cost += Decimal(str(row[1]))
-            children += max(int(row[2]) - 1, 0)
-            unknown = unknown or row[3] == "Unknown"
-            executed += _executed_ms(session, current) if current != root else 0
-            current = session.scalar(select(Run.continued_from_run_id).where(Run.id == current))
-        if current is not None:
-            raise ChainUnreadable(f"the chain of run {root} is longer than {MAX_CHAIN} runs")
+        rows = session.execute(_CHAIN_SPEND, {"root": root}).all()
+    if len(rows) > MAX_CHAIN or (len(rows) == MAX_CHAIN and rows[-1].next is not None):
+        raise ChainUnreadable(f"the chain of run {root} is longer than {MAX_CHAIN} runs")
+    for row in rows:
+        tokens += int(row.tokens or 0)
+        cost += Decimal(str(row.cost or 0))
+        children += max(int(row.runs or 0) - 1, 0)
+        unknown = unknown or row.source == "Unknown"
+        executed += _executed_ms(row) if row.n > 1 else 0
     return Totals(tokens, cost, children, unknown, executed)
 
 
-def _executed_ms(session: Session, run_id: str) -> int:
+RUNS: Final = cast(Table, Run.__table__)
+
+
+def chain_cte(start: str, position: int, *columns: str) -> CTE:
+    """The runs of a chain, from the run the parameter `start` names back through the runs
+    each continues, in order: `id`, `next` (the run it continues), `n` (its position in the
+    chain, `position` for the first) and `columns`; no further than position `MAX_CHAIN` + 1,
+    so a chain too long shows as a last row with a `next`."""
+    chain = (
+        select(
+            RUNS.c.id,
+            RUNS.c.continued_from_run_id.label("next"),
+            *(RUNS.c[name] for name in columns),
+            literal(position).label("n"),
+        )
+        .where(RUNS.c.id == bindparam(start))
+        .cte("chain", recursive=True)
+    )
+    earlier = RUNS.alias("earlier")
+    return chain.union_all(
+        select(
+            earlier.c.id,
+            earlier.c.continued_from_run_id,
+            *(earlier.c[name] for name in columns),
+            chain.c.n + 1,
+        ).where(earlier.c.id == chain.c.next, chain.c.n <= MAX_CHAIN)
+    )
+
+
+def _chain_spend() -> Select[Any]:
+    """The runs of the chain from `:root` (the run it continues, and so on, up to `MAX_CHAIN`),
+    in order, each with its times and what the tree rooted at it spent (the sums, the runs
+    counted and the highest cost source are those of the runs whose root it is)."""
+    runs = RUNS
+    chain = chain_cte("root", 1)  # the root is the first of its chain
+    spend = (
+        select(
+            runs.c.root_run_id.label("root"),
+            func.sum(runs.c.input_tokens + runs.c.output_tokens).label("tokens"),
+            func.sum(runs.c.cost_amount).label("cost"),
+            func.count().label("runs"),
+            func.max(runs.c.cost_source).label("source"),
+        )
+        .where(runs.c.root_run_id.in_(select(chain.c.id)))
+        .group_by(runs.c.root_run_id)
+        .subquery("spend")
+    )
+    member = runs.alias("member")
+    return (
+        select(
+            chain.c.n,
+            chain.c.next,
+            member.c.started_at,
+            member.c.ended_at,
+            member.c.heartbeat_at,
+            member.c.error_type,
+            member.c.waited_ms,
+            spend.c.tokens,
+            spend.c.cost,
+            spend.c.runs,
+            spend.c.source,
+        )
+        .select_from(
+            chain.join(member, member.c.id == chain.c.id).outerjoin(
+                spend, spend.c.root == chain.c.id
+            )
+        )
+        .order_by(chain.c.n)
+    )
+
+
+_CHAIN_SPEND: Final = _chain_spend()
+
+
+def _executed_ms(run: Row[Any]) -> int:
     """How long a run of the chain executed (its waits for a person excluded); an orphan
     counts to its last heartbeat."""
-    run = session.get(Run, run_id)
-    if run is None or run.started_at is None:
+    if run.started_at is None:
         return 0
     closed_by_recovery = run.error_type in ("orphaned", "interrupted")
     last_sign = run.heartbeat_at if closed_by_recovery else None

@@ -18,11 +18,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import redis
 
 from tracon_jobs import metrics
+from tracon_jobs.coordination.cluster import CoordinationClient, reads_at_server_time
 from tracon_jobs.coordination.scripts import Scripts
 from tracon_jobs.errors import ProviderUnavailableError
 
@@ -211,19 +212,35 @@ class MemoryBreakerStore:
             return _snapshot(provider, circuit, self.clock())
 
 
+Transitions = str | Callable[[str], str]
+"""Where the breaker's script pushes a circuit's moves: a function of the provider giving its
+own list, in the provider's hash slot (`webhooks.circuits.transitions_key`), or one list's key
+for every provider (how earlier versions recorded them: a cluster refuses it)."""
+
+
 class RedisBreakerStore:
     """Circuits in Redis, changed only by Lua scripts that read Redis server time.
 
-    With `transitions` (a list's key), the script that moves a circuit also pushes the move
-    onto that list, atomically with it (`webhooks.circuits` turns them into messages)."""
+    With `transitions`, the script that moves a circuit also pushes the move onto a list,
+    atomically with it (`webhooks.circuits` turns them into messages)."""
 
     def __init__(
-        self, client: redis.Redis, prefix: str = "tracon", *, transitions: str | None = None
+        self,
+        client: CoordinationClient,
+        prefix: str = "tracon",
+        *,
+        transitions: Transitions | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.transitions = transitions
         self.scripts = Scripts(client)
+
+    def transitions_key(self, provider: str) -> str | None:
+        """The list the provider's moves are pushed onto; None when none is."""
+        if self.transitions is None or isinstance(self.transitions, str):
+            return self.transitions
+        return self.transitions(provider)
 
     def keys(self, provider: str) -> list[str]:
         base = f"{self.prefix}:breaker:{{{provider}}}"
@@ -254,8 +271,9 @@ class RedisBreakerStore:
     ) -> Transition:
         keys = self.keys(provider)
         args: list[str | int] = [outcome, token, policy.threshold, policy.break_ms, retry_after_ms]
-        if self.transitions is not None:
-            keys.append(self.transitions)
+        moves = self.transitions_key(provider)
+        if moves is not None:
+            keys.append(moves)
             args.append(provider)
         reply = self.scripts("breaker_record", keys, args)
         before, after, failures, open_until = reply
@@ -267,12 +285,12 @@ class RedisBreakerStore:
 
     def snapshot(self, provider: str) -> CircuitSnapshot:
         key, probes_key = self.keys(provider)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(key)
-        pipe.zrange(probes_key, 0, -1, withscores=True)
-        pipe.time()
-        fields, probes, (seconds, micros) = pipe.execute()
-        now = int(seconds) * 1000 + int(micros) // 1000
+
+        def reads(pipe: Any) -> None:
+            pipe.hgetall(key)
+            pipe.zrange(probes_key, 0, -1, withscores=True)
+
+        (fields, probes), now = reads_at_server_time(self.client, key, reads)
         data = {_text(k): _text(v) for k, v in fields.items()}
         circuit = Circuit(
             state=_state(data.get("state", "closed")),

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import redis
 
+from tracon_jobs.coordination.cluster import CoordinationClient
 from tracon_jobs.coordination.scripts import Scripts
 from tracon_jobs.providers.base import ModelRequest, ModelResponse, ToolCall, Usage
 
@@ -82,7 +83,7 @@ def response_from_json(value: dict[str, Any]) -> ModelResponse:
 class RedisResponseCache:
     """Entries as keys with a TTL, an index per agent bounding how many are kept."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+    def __init__(self, client: CoordinationClient, prefix: str = "tracon") -> None:
         self.client = client
         self.scripts = Scripts(client)
         self.prefix = prefix

@@ -17,12 +17,13 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
 from tracon_jobs import metrics
 from tracon_jobs.abort import AbortSignal
+from tracon_jobs.coordination.cluster import CoordinationClient, reads_at_server_time
 from tracon_jobs.coordination.scripts import Scripts
 from tracon_jobs.errors import MustPark, ProviderError
 
@@ -58,7 +59,11 @@ class SlotStore(Protocol):
 
 class RedisSlotStore:
     def __init__(
-        self, client: redis.Redis, prefix: str = "tracon", *, waiter_lease_ms: int = WAITER_LEASE_MS
+        self,
+        client: CoordinationClient,
+        prefix: str = "tracon",
+        *,
+        waiter_lease_ms: int = WAITER_LEASE_MS,
     ) -> None:
         self.client = client
         self.prefix = prefix
@@ -81,12 +86,12 @@ class RedisSlotStore:
 
     def usage(self, provider: str) -> tuple[int, int]:
         holders, _queue, waiters, _tickets = self.keys(provider)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrange(holders, 0, -1, withscores=True)
-        pipe.zrange(waiters, 0, -1, withscores=True)
-        (seconds, micros), held, waiting = pipe.execute()
-        now = int(seconds) * 1000 + int(micros) // 1000
+
+        def reads(pipe: Any) -> None:
+            pipe.zrange(holders, 0, -1, withscores=True)
+            pipe.zrange(waiters, 0, -1, withscores=True)
+
+        (held, waiting), now = reads_at_server_time(self.client, holders, reads)
         live = sum(1 for _token, until in held if until > now)
         return live, sum(1 for _token, until in waiting if until > now)
 

@@ -30,6 +30,7 @@ import redis
 
 from tracon_jobs import metrics
 from tracon_jobs.abort import AbortSignal
+from tracon_jobs.coordination.cluster import CoordinationClient
 from tracon_jobs.coordination.scripts import Scripts
 from tracon_jobs.errors import MustPark, ProviderError
 
@@ -106,12 +107,15 @@ class RateUsage:
 
 
 class RedisRateStore:
-    def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
+    def __init__(self, client: CoordinationClient, prefix: str = "tracon") -> None:
         self.scripts = Scripts(client)
         self.prefix = prefix
 
     def keys(self, scope: str) -> list[str]:
-        base = f"{self.prefix}:rate:{{{scope}}}"
+        """The scope's windows and block, hash-tagged with its provider (`openai` of
+        `openai/gpt-4o` too): one admission checks the provider's and the model's scopes in
+        one script, so their keys must share a Redis Cluster hash slot."""
+        base = f"{self.prefix}:rate:{{{scope.partition('/')[0]}}}:{scope}"
         return [f"{base}:starts", f"{base}:tokens", f"{base}:blocked"]
 
     def admit(

@@ -2,7 +2,11 @@
 
 A crash between the row and the message leaves a `Queued` run that the requeue scan sends
 after `Runs.RequeueAfter`; a broker that refuses the message closes the run `Failed`
-(`enqueue_failed`) and the caller gets a 503, so nothing accepted is silently lost.
+(`enqueue_failed`) and the caller gets a 503, so nothing accepted is silently lost. A send
+that took longer than `Runs.RequeueAfter` to fail (a broker cut off by a partition) may find
+the run already sent again by the requeue scan and claimed by a worker: the run was accepted
+after all, and the submission answers as if the send had succeeded, never a 503 for a run
+that executes (a client retrying it would run it twice).
 
 How a message is sent is the `Sender` the dispatcher is given: the Celery one is
 `tracon_jobs.worker.envelope.celery_sender`; tests send runs to threads of their own.
@@ -68,34 +72,44 @@ class RunDispatcher:
     def submit(self, new: NewRun) -> Run:
         with submission(new) as traced:
             run = self.store.create(traced)
-            self._submitting[run.id] = (new.agent, new.tenant_id)
             try:
-                self.offer(run.id, new.tenant_id, new.priority)
+                self.offer_run(run)
             except EnqueueError as exc:
-                log.error("enqueue failed for run %s: %s", run.id, exc)
                 error = RunError("enqueue_failed", ErrorClass.INFRASTRUCTURE, str(exc))
-                self.store.fail_unsent(run.id, error)
-                raise
-            finally:
-                self._submitting.pop(run.id, None)
+                if self.store.fail_unsent(run.id, error):
+                    log.error("enqueue failed for run %s: %s", run.id, exc)
+                    raise
+                # no longer Queued: the requeue scan sent it meanwhile and a worker has it
+                log.warning("run %s was re-sent and taken while its send failed: %s", run.id, exc)
             return run
 
-    def resend(self, run_id: str) -> bool:
+    def resend(self, run_id: str, *, lost: bool = False) -> bool:
         """Send a run's message again (a run in its tenant's line stays there); False
-        (logged) when the broker refused."""
+        (logged) when the broker refused. `lost`: its message is known lost (the worker
+        that held it died): sent at once, past the lines, where its place is still taken
+        by the lost delivery until a worker takes this one."""
         try:
-            if self.fair is None:
+            if self.fair is None or lost:
                 self.send(run_id)
             else:
                 run = self.store.get(run_id)
                 if run is None:
                     return False
-                self.offer(run_id, run.tenant_id, run.priority)
+                self.offer_run(run)
         except EnqueueError as exc:
             log.warning("re-send of run %s failed, next scan retries: %s", run_id, exc)
             return False
         self.store.mark_enqueued(run_id)
         return True
+
+    def offer_run(self, run: Run) -> None:
+        """`offer` of a run whose row is in hand (a submission, a continuation, a schedule's
+        fire): its message is labelled from it (`submitting`), not from a read of the row."""
+        self._submitting[run.id] = (run.agent, run.tenant_id)
+        try:
+            self.offer(run.id, run.tenant_id, run.priority)
+        finally:
+            self._submitting.pop(run.id, None)
 
     def offer(self, run_id: str, tenant_id: str, priority: int = DEFAULT_PRIORITY) -> None:
         """Send the run now, or line it up: through the fair lines when there are some."""

@@ -153,7 +153,9 @@ class RunExecutor:
         resume_later: Callable[[str, float, str], None] | None = None,
         tenant_runs: TenantRuns | None = None,
         dispatcher: RunDispatcher | None = None,
+        child_ended: Callable[[Run], object] | None = None,
     ) -> None:
+        self.child_ended = child_ended  # a fan-out's child ended here: its parent may go on
         self.resume_later = resume_later  # sends a parked run again when it may go on
         self.dispatcher = dispatcher  # its fair lines hear of each claim
         self.tenant_runs = tenant_runs or TenantRuns(MemoryTenantRunStore(), None)
@@ -266,7 +268,7 @@ class RunExecutor:
         if run.cancel_requested_at is not None:  # canceled between its claim and now
             signal.abort(CANCELED)
         try:
-            return self._run_to_end(claim, run, signal, own_quota).value
+            status = self._run_to_end(claim, run, signal, own_quota)
         except ClaimedElsewhere:
             raise
         except RunTakenAway:
@@ -274,6 +276,19 @@ class RunExecutor:
             return "taken_away"
         finally:
             self.live_runs.unregister(run_id)
+        if status.is_terminal and run.parent_run_id is not None:
+            self._tell_parent(run)
+        return status.value
+
+    def _tell_parent(self, child: Run) -> None:
+        """A child ended: a workflow parent waiting on a fan-out of it may go on now. Its
+        end is committed already; a failure here only leaves it to the timer scan."""
+        if self.child_ended is None:
+            return
+        try:
+            self.child_ended(child)
+        except Exception:
+            log.exception("run %s: its parent's fan-out was not looked at", child.id)
 
     def _unknown_here(self, run: Run) -> str | None:
         """What this worker's configuration lacks to run `run` (an older deploy), if anything."""
@@ -314,7 +329,7 @@ class RunExecutor:
     ) -> RunStatus:
         if run.kind == "workflow" and self.workflows is not None:
             # the workflow writes through stores of its own: they take the claim made
-            return self.workflows.run(self.runs.settle(claim), run, signal)
+            return self.workflows.run(self.runs.settle(claim), run, signal, own_quota)
         execution: Execution | None = None
         try:
             execution = self._prepare(claim, run, signal, own_quota)

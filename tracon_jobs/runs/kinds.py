@@ -9,6 +9,7 @@ from typing import Protocol
 
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db.models import Run
+from tracon_jobs.limits.tenant_quotas import OwnQuota
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
 
 
@@ -20,6 +21,9 @@ class KindRunner(Protocol):
         not know is left for another worker."""
         ...
 
-    def run(self, claim: Claim, run: Run, signal: AbortSignal) -> RunStatus:
-        """Drive the claimed run, its claim made, to its end (its own final write)."""
+    def run(
+        self, claim: Claim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
+    ) -> RunStatus:
+        """Drive the claimed run, its claim made, to its end (its own final write);
+        `own_quota`: the tenant's quota row as the claim read it."""
         ...

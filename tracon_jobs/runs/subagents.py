@@ -84,11 +84,22 @@ class SubAgents:
         )
         with submission(new) as traced:  # a child of the tool call's span, when traced
             child = self.runs.create(traced)
-            try:
-                self.dispatcher.send(child.id)
-            except EnqueueError as exc:
-                log.warning("child %s not sent (%s); the parent runs it", child.id, exc)
+            self.send(child.id)
         return child.id
+
+    def send(self, child_id: str) -> None:
+        """Send a child written `Queued`; a broker that refuses is not fatal (the parent
+        runs it, or the requeue scan sends it again)."""
+        try:
+            self.dispatcher.send(child_id)
+        except EnqueueError as exc:
+            log.warning("child %s not sent now (%s)", child_id, exc)
+
+    def cancel(self, child_id: str) -> None:
+        """Cancel a child and its own tree, wherever it is (a fail-fast fan-out's others)."""
+        child = self.runs.get(child_id)
+        if child is not None and not RunStatus(child.status).is_terminal:
+            cancel_tree(self.runs, self.cancel_bus, self.approvals, child)
 
     def answer(
         self, child_id: str, signal: AbortSignal, run_inline: Callable[[str], object]

@@ -365,7 +365,7 @@ class ScheduleFiring:
             return
         result.runs.append(run.id)
         try:
-            self.dispatcher.offer(run.id, run.tenant_id, run.priority)
+            self.dispatcher.offer_run(run)
         except EnqueueError as exc:  # the row is Queued: the requeue scan sends it
             log.warning(
                 "scheduled run %s not sent now (%s); the requeue scan sends it", run.id, exc

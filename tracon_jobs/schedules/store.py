@@ -121,6 +121,7 @@ class ScheduleStore:
     def pause(self, tenant_id: str, schedule_id: str) -> Schedule:
         """No slot fires until it is resumed; a slot queued behind a running run is dropped
         (recorded `skipped`)."""
+        now = self.db.now()  # before the transaction: one connection at a time per thread
         with self.db.write() as session:
             row = _locked(session, tenant_id, schedule_id, self.db.is_sqlite)
             if row.queued_slot_at is not None:
@@ -130,7 +131,7 @@ class ScheduleStore:
                     .values(outcome=Outcome.SKIPPED.value, detail="the schedule was paused")
                 )
             row.paused, row.next_fire_at, row.queued_slot_at = True, None, None
-            row.updated_at = self.db.now()
+            row.updated_at = now
             session.flush()
             session.expunge(row)
             return row
@@ -138,10 +139,10 @@ class ScheduleStore:
     def resume(self, tenant_id: str, schedule_id: str) -> Schedule:
         """Fires again from the first slot after now: the slots missed while paused do not
         fire. Resuming a schedule that is not paused changes nothing."""
+        now = self.db.now()  # before the transaction: one connection at a time per thread
         with self.db.write() as session:
             row = _locked(session, tenant_id, schedule_id, self.db.is_sqlite)
             if row.paused:
-                now = self.db.now()
                 row.paused, row.next_fire_at = False, cadence_of(row).next_after(now)
                 row.updated_at = now
                 session.flush()

@@ -194,8 +194,10 @@ QUOTA_COST_LIMIT: Final[Decimal | None] = None
 # --- Runs (tracon-jobs additions) ----------------------------------------------------------
 
 REQUEUE_AFTER: Final = timedelta(seconds=60)
-"""A `Queued` run nobody claimed for this long is sent again: a message prefetched by a killed
-worker stays invisible for the broker's whole visibility timeout."""
+"""A `Queued` run nobody claimed for this long, and that no live worker holds, is sent again (a
+process can die between writing a run and sending it). A run a killed worker held is sent again
+as soon as the worker's liveness ends (10 s), whatever this says
+([architecture](architecture.md))."""
 
 BUFFERED_WAIT_TIMEOUT: Final = timedelta(minutes=10)
 """How long a buffered HTTP response waits for its run before answering `202` with `Location`."""
@@ -263,8 +265,8 @@ WORKER_CONCURRENCY: Final = 16
 """Threads per worker; runs wait on providers most of the time, so threads are cheap."""
 
 WORKER_PREFETCH_MULTIPLIER: Final = 1
-"""One message per thread: a prefetched message of a killed worker is lost until the broker's
-visibility timeout, so prefetch as little as possible."""
+"""One message per thread: on Redis a prefetched message of a killed worker is lost until the
+broker's visibility timeout (RabbitMQ gives it back at once), so prefetch as little as possible."""
 
 # --- Web (tracon-jobs additions) -----------------------------------------------------------
 
@@ -287,14 +289,59 @@ closes is lost with the connection. An idle connection costs a socket, not a thr
 # --- Stores and providers (tracon-jobs additions) ------------------------------------------
 
 DATABASE_URL: Final = "sqlite:///var/tracon.db"
-"""SQLite in `var/` so a checkout runs with no service; production sets PostgreSQL."""
+"""SQLite in `var/` so a checkout runs with no service; production sets PostgreSQL
+(`postgresql://user:password@db1:5432/tracon`, always through psycopg 3). Several hosts, for a
+failover: `postgresql://user:password@/tracon?host=db1:5432&host=db2:5432&target_session_attrs=read-write`
+(or `?host=db1,db2&port=5432,5432`, or libpq's `postgresql://user:password@db1:5432,db2:5432/tracon`):
+each new connection tries the hosts in order and skips one that is down or a standby, so after
+a promotion the next connection reaches the new primary
+([failover](reliability.md#a-database-that-stops-answering)). Hosts and ports that do not pair
+up, or an unknown `target_session_attrs`, fail at startup."""
 
 DATABASE_OUTAGE_RETRY: Final = timedelta(seconds=30)
 """How long an executing run's SQL reads and writes retry a database that stopped answering
 (a restart, a failover) before the run gives up; its claim is kept all along."""
 
+DATABASE_MAX_CONNECTIONS: Final = 10
+"""The most database connections one process (a web process, a worker, beat, a command) opens;
+each is opened when a thread first needs it and kept. A thread that needs one beyond the cap
+waits for one (up to 30 s, then fails naming this setting). A run holds a connection only for
+the milliseconds of each statement, not while its model answers, so 10 serve a worker's 16
+threads (`Worker.Concurrency`). The cluster holds at most MaxConnections x (web processes +
+workers + beat + Flower) + commands running, where web processes = web nodes x `--workers`;
+PostgreSQL's `max_connections`, or the pooler in front of it, must cover that
+([the budget](operations.md#connections))."""
+
+DATABASE_PREPARED_STATEMENTS: Final = True
+"""PostgreSQL: psycopg prepares a statement a connection has run five times (one parse fewer
+each time after). `false` behind a pooler in transaction mode that cannot keep prepared
+statements (PgBouncer before 1.21, or without `max_prepared_statements`): the next transaction
+may run on another server session, where the statement was never prepared.
+`?prepare_threshold=none` in `Url` (psycopg's own option) does the same
+([PgBouncer](operations.md#pgbouncer))."""
+
 REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 """The local Redis every development setup (and compose) offers."""
+
+REDIS_SENTINEL_MASTER: Final = "mymaster"
+"""The name under which the sentinels of a `sentinel://` `Url` monitor the Redis master
+(Sentinel's own example name); ignored with a one-server URL."""
+
+REDIS_CLUSTER_URL: Final[str | None] = None
+"""Null: the coordination state is on `Url` with everything else. A Redis Cluster's startup
+nodes, `redis://host:port,host:port` (`rediss://` for TLS, `user:password@` before the nodes,
+database 0 only), put it on the cluster: circuits, concurrency slots, rate-limit windows, tree
+budgets, tenant quotas and running places, live-stream places, singleton leases and the
+response cache. The broker, the fair lines, the held runs' records and pub/sub stay on `Url`
+([Redis Cluster](reliability.md#redis-cluster))."""
+
+BROKER_URL: Final[str | None] = None
+"""Null: Celery's messages go through `Redis:Url`, the Redis of the coordination state. For
+teams that outgrow Redis as a queue, `amqp://user:password@host:5672/vhost` (or `amqps://`)
+puts them on RabbitMQ, in quorum queues with publisher confirms, while the coordination state
+stays on Redis ([RabbitMQ as the broker](reliability.md#rabbitmq-as-the-broker)). A Redis URL
+other than `Redis:Url` is a Redis of the messages' own (one server; a Sentinel group must be
+`Redis:Url`'s)."""
 
 PROVIDER_TIMEOUT_SECONDS: Final = 60.0
 """Per-call timeout of a provider; long enough for a slow completion, short enough that a hung

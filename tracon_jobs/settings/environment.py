@@ -37,6 +37,8 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "TRACON_API_KEY": "a client's key in the docs' curl examples",
     "TRACON_TEST_POSTGRES_URL": "the test suite's PostgreSQL (tests/conftest.py)",
     "TRACON_TEST_REDIS_URL": "the test suite's Redis (tests/conftest.py)",
+    "TRACON_TEST_BROKER": "the test suite's Celery broker, redis or amqp (tests/conftest.py)",
+    "TRACON_TEST_PGBOUNCER": "the test suite's PostgreSQL through PgBouncer (tests/conftest.py)",
     "TRACON_TEST_FLAGS": "the test tools' and workflows' flag folder (tests/)",
     "TRACON_TEST_DEV_REVISION": "the revision the dev e2e test checks out (tests/e2e)",
     "TRACON_BENCH_POSTGRES": "the benchmarks' PostgreSQL (bench/)",

@@ -28,8 +28,12 @@ ENV_PREFIX = "TRACON__"
 ENV_SHORTCUTS: Mapping[str, tuple[str, ...]] = {
     "TRACON_DATABASE_URL": ("Database", "Url"),
     "TRACON_REDIS_URL": ("Redis", "Url"),
+    "TRACON_REDIS_SENTINEL_MASTER": ("Redis", "SentinelMaster"),
+    "TRACON_REDIS_CLUSTER_URL": ("Redis", "ClusterUrl"),
+    "TRACON_BROKER_URL": ("Broker", "Url"),
 }
-"""Conventional single-variable names for the two store URLs (the `__` form wins)."""
+"""Conventional single-variable names for the two store URLs, the Sentinel master's name, the
+Redis Cluster's URL and the broker's URL (the `__` form wins)."""
 
 
 def load_settings(
@@ -49,11 +53,12 @@ def load_settings(
     settings = Settings.from_mapping(apply_environment(data, environ), environment_sources(environ))
     for setting, variable in settings.missing_key_variables(environ):
         # A client built without its key would send a placeholder and fail on every call.
-        remedy = (
-            "set it, empty for a server that needs no key, or remove ApiKeyEnv"
-            if setting.endswith(".ApiKeyEnv")
-            else "set it, or remove the section that needs it"
-        )
+        if setting.endswith(".ApiKeyEnv"):
+            remedy = "set it, empty for a server that needs no key, or remove ApiKeyEnv"
+        elif setting.startswith("Redis."):  # a password Redis asks for: no section to remove
+            remedy = f"set it, or remove {setting.removeprefix('Redis.')}"
+        else:
+            remedy = "set it, or remove the section that needs it"
         raise ConfigurationError(
             setting, f"names the environment variable {variable}, which is not set ({remedy})"
         )

@@ -21,16 +21,27 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic.alias_generators import to_pascal
 
+from tracon_jobs.db import urls as database_urls
 from tracon_jobs.providers.capabilities import (
     anthropic_response_format_rule,
     anthropic_temperature_rule,
 )
 from tracon_jobs.settings import defaults
+from tracon_jobs.settings.broker_url import BROKER_URL_RULE, check_broker_url
 from tracon_jobs.settings.errors import configuration_error
 from tracon_jobs.settings.keys import normalize_key
+from tracon_jobs.settings.redis_url import (
+    CLUSTER_URL_RULE,
+    REDIS_URL_RULE,
+    check_redis_url,
+    is_sentinel,
+    parse_cluster_url,
+    password_of,
+)
 from tracon_jobs.settings.types import (
     AtLeastOne,
     AtLeastZero,
+    Check,
     Flag,
     LeaseDuration,
     NonEmptyStr,
@@ -478,17 +489,105 @@ class IntegrationsSettings(ConfigModel):
     )
 
 
+def _database_url(url: str) -> str:
+    """A URL the engine will read as written (`db.urls`: several hosts, their ports)."""
+    try:
+        return database_urls.check_url(url)
+    except database_urls.UrlError as exc:
+        raise broken_rule(str(exc)) from exc
+
+
+DATABASE_URL_RULE = Check("a SQLAlchemy URL; PostgreSQL may name several hosts", _database_url)
+
+
 class DatabaseSettings(ConfigModel):
     """The SQL database of runs and their records, as a SQLAlchemy URL."""
 
-    url: NonEmptyStr = defaults.DATABASE_URL
+    url: Annotated[NonEmptyStr, DATABASE_URL_RULE] = defaults.DATABASE_URL
     outage_retry: PositiveDuration = defaults.DATABASE_OUTAGE_RETRY
+    max_connections: AtLeastOne = defaults.DATABASE_MAX_CONNECTIONS
+    prepared_statements: Flag = defaults.DATABASE_PREPARED_STATEMENTS
+
+
+def _redis_url(value: str) -> str:
+    try:
+        check_redis_url(value)
+    except ValueError as exc:
+        raise broken_rule(str(exc)) from None
+    return value
+
+
+def _cluster_url(value: str) -> str:
+    try:
+        parse_cluster_url(value)
+    except ValueError as exc:
+        raise broken_rule(str(exc)) from None
+    return value
 
 
 class RedisSettings(ConfigModel):
-    """The Redis server behind the Celery broker, the live event feed and coordination state."""
+    """The Redis server behind the Celery broker, the live event feed and coordination state:
+    one server, or a Sentinel group whose current master every process follows (a failover,
+    and what recovers what it loses: [Redis Sentinel](reliability.md#redis-sentinel)); the
+    coordination state may go on a Redis Cluster of its own instead (`ClusterUrl`)."""
 
-    url: NonEmptyStr = defaults.REDIS_URL
+    url: Annotated[NonEmptyStr, Check(REDIS_URL_RULE, _redis_url)] = defaults.REDIS_URL
+    sentinel_master: NonEmptyStr = defaults.REDIS_SENTINEL_MASTER
+    password_env: NonEmptyStr | None = Field(
+        None,
+        description="Environment variable holding the password of Redis (the server's, or the "
+        "Sentinel group's master's), read at startup and never logged; a variable that is not "
+        "set fails at startup. Not with a password in `Url`.",
+    )
+    sentinel_password_env: NonEmptyStr | None = Field(
+        None,
+        description="Environment variable holding the sentinels' own password (their "
+        "`requirepass`), with a `sentinel://` `Url` only; a variable that is not set fails at "
+        "startup.",
+    )
+    cluster_url: Annotated[NonEmptyStr, Check(CLUSTER_URL_RULE, _cluster_url)] | None = (
+        defaults.REDIS_CLUSTER_URL
+    )
+    cluster_password_env: NonEmptyStr | None = Field(
+        None,
+        description="Environment variable holding the password of the Redis Cluster of "
+        "`ClusterUrl` (every node's), read at startup and never logged; a variable that is not "
+        "set fails at startup. Only with `ClusterUrl`, and not with a password in it.",
+    )
+
+    @model_validator(mode="after")
+    def _passwords_where_they_apply(self) -> RedisSettings:
+        """One password for Redis, and a sentinels' password only where there are sentinels."""
+        if self.password_env is not None and password_of(self.url) is not None:
+            raise broken_rule(
+                "Url carries a password too: keep one of the two", setting="PasswordEnv"
+            )
+        if self.sentinel_password_env is not None and not is_sentinel(self.url):
+            raise broken_rule("needs a sentinel:// Url", setting="SentinelPasswordEnv")
+        if self.cluster_password_env is not None:
+            if self.cluster_url is None:
+                raise broken_rule("needs a ClusterUrl", setting="ClusterPasswordEnv")
+            if parse_cluster_url(self.cluster_url).password is not None:
+                raise broken_rule(
+                    "ClusterUrl carries a password too: keep one of the two",
+                    setting="ClusterPasswordEnv",
+                )
+        return self
+
+
+def _broker_url(value: str) -> str:
+    try:
+        check_broker_url(value)
+    except ValueError as exc:
+        raise broken_rule(str(exc)) from None
+    return value
+
+
+class BrokerSettings(ConfigModel):
+    """Where Celery's messages go (the runs' and the periodic ticks'): `Redis:Url` unless
+    `Url` says otherwise (tracon-jobs addition)."""
+
+    url: Annotated[NonEmptyStr, Check(BROKER_URL_RULE, _broker_url)] | None = defaults.BROKER_URL
 
 
 class ScriptToolCall(ConfigModel):
@@ -756,6 +855,7 @@ class Settings(ConfigModel):
     integrations: IntegrationsSettings = Field(default_factory=IntegrationsSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
     providers: dict[str, ProviderSettings] = Field(
         {}, description="Provider clients by name; agents bind to them by name."
     )
@@ -807,6 +907,18 @@ class Settings(ConfigModel):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _a_sentinel_broker_is_redis_url(self) -> Settings:
+        """A Sentinel group's master name and passwords are `Redis:*`'s: a broker behind
+        sentinels can only be that group."""
+        url = self.broker.url
+        if url is not None and is_sentinel(url) and url.strip() != self.redis.url.strip():
+            raise broken_rule(
+                "a sentinel:// broker must be Redis:Url's group (leave Broker:Url null)",
+                setting="Broker.Url",
+            )
+        return self
+
     @classmethod
     def from_mapping(
         cls, data: Mapping[str, Any], sources: Mapping[tuple[str, ...], str] | None = None
@@ -839,7 +951,8 @@ class Settings(ConfigModel):
             yield variable
 
     def _secret_variables(self) -> Iterator[tuple[str, str]]:
-        """(setting, variable) of every secret the webhooks and integrations read at startup."""
+        """(setting, variable) of every secret the webhooks, integrations and Redis clients
+        read at startup."""
         operator = self.webhooks.operator
         if operator is not None:
             yield "Webhooks.Operator.SecretEnv", operator.secret_env
@@ -850,3 +963,9 @@ class Settings(ConfigModel):
         links = self.integrations.approval_links
         if links is not None:
             yield "Integrations.ApprovalLinks.SecretEnv", links.secret_env
+        if self.redis.password_env is not None:
+            yield "Redis.PasswordEnv", self.redis.password_env
+        if self.redis.sentinel_password_env is not None:
+            yield "Redis.SentinelPasswordEnv", self.redis.sentinel_password_env
+        if self.redis.cluster_password_env is not None:
+            yield "Redis.ClusterPasswordEnv", self.redis.cluster_password_env

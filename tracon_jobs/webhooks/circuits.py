@@ -2,14 +2,18 @@
 moved from Redis into the outbox.
 
 When the operator's endpoint subscribes to them, the breaker's script (`breaker_record.lua`,
-given `TRANSITIONS_KEY`) pushes each move onto a Redis list in the same script that makes it:
-no move without its entry, no entry without its move. `CircuitEvents.move_once` copies the
-entries into `webhook_messages`, each keyed by its entry (`dedupe_key`: provider, the script's
-server time and the circuit's own count of moves), commits, then removes exactly those entries
-from the list: at least once, never twice, however many processes move at the same time. The
-process whose call moved the circuit moves at once (on the mover's thread, not the run's);
-every process with a breaker also moves every `Webhooks.PollInterval`, so an entry whose
-process died right after the script is moved by another.
+given `transitions_key`) pushes each move onto the provider's own Redis list in the same script
+that makes it: no move without its entry, no entry without its move. The list is tagged with
+the provider (`tracon:webhooks:circuit-transitions:{P}`), in the circuit's own hash slot, so
+the script runs on a Redis Cluster too. `CircuitEvents.move_once` reads the lists of the
+configured providers, and the one list earlier versions pushed every move onto
+(`TRANSITIONS_KEY`: entries a process of the version before an upgrade wrote are moved too),
+copies the entries into `webhook_messages`, each keyed by its entry (`dedupe_key`: provider,
+the script's server time and the circuit's own count of moves), commits, then removes exactly
+those entries from their lists: at least once, never twice, however many processes move at the
+same time. The process whose call moved the circuit moves at once (on the mover's thread, not
+the run's); every process with a breaker also moves every `Webhooks.PollInterval`, so an entry
+whose process died right after the script is moved by another.
 
     closed -> open, half_open -> open    circuit.opened
     half_open -> closed                  circuit.closed
@@ -24,16 +28,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, cast
 
-import redis
 from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
+from tracon_jobs.coordination.cluster import CoordinationClient
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import WebhookMessage
 from tracon_jobs.webhooks.signing import message_id
@@ -44,7 +48,15 @@ log = logging.getLogger(__name__)
 MESSAGES = cast(Table, WebhookMessage.__table__)
 
 TRANSITIONS_KEY: Final = "tracon:webhooks:circuit-transitions"
-"""The Redis list the breaker's script pushes each move onto."""
+"""The one list of every provider's moves that earlier versions pushed onto: drained still, so
+an upgrade loses none (a cluster refuses a script that writes it beside a circuit's keys)."""
+
+
+def transitions_key(provider: str) -> str:
+    """The list the breaker's script pushes the provider's moves onto: in the slot of the
+    provider's circuit (`tracon:breaker:{P}`), tagged alike."""
+    return f"{TRANSITIONS_KEY}:{{{provider}}}"
+
 
 CIRCUIT_EVENTS: Final = frozenset({"circuit.opened", "circuit.closed"})
 
@@ -124,16 +136,22 @@ def circuit_insert(on_sqlite: bool) -> Insert:
 
 
 class CircuitEvents:
-    """Moves circuit transitions from their Redis list into the outbox (module docstring)."""
+    """Moves circuit transitions from their Redis lists into the outbox (module docstring).
+
+    `providers` are the providers whose lists are read (the configured ones: a circuit is a
+    configured provider's); the one list of earlier versions, `key`, is read with them, and,
+    from the mover's start, the lists of providers since removed from the configuration
+    (`discover`)."""
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: CoordinationClient,
         db: Database,
         subscriptions: Subscriptions,
         view: CircuitView,
         *,
         wake: Callable[[int], None],
+        providers: Iterable[str] = (),
         key: str = TRANSITIONS_KEY,
         poll_seconds: float = 1.0,
         batch: int = MOVE_BATCH,
@@ -143,7 +161,7 @@ class CircuitEvents:
         self.subscriptions = subscriptions
         self.view = view
         self.wake = wake
-        self.key = key
+        self.keys = [*(transitions_key(provider) for provider in providers), key]
         self.poll_seconds = poll_seconds
         self.batch = batch
         self._due = threading.Event()
@@ -176,16 +194,29 @@ class CircuitEvents:
         return self.move_batch()[1]
 
     def move_batch(self) -> tuple[int, int]:
-        """(entries taken, messages new): copied and committed first, removed after."""
-        entries = cast(list[bytes], self.client.lrange(self.key, 0, self.batch - 1))
-        if not entries:
+        """(entries taken, messages new): up to `batch` entries of each list, copied and
+        committed first, then removed from the list each came from.
+
+        The lists are read in one pipeline (not a transaction: on a cluster each goes to its
+        node, one command a key) and the removals go in another."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in self.keys:
+            pipe.lrange(key, 0, self.batch - 1)
+        taken = {
+            key: cast(list[bytes], entries)
+            for key, entries in zip(self.keys, pipe.execute(), strict=True)
+            if entries
+        }
+        if not taken:
             return 0, 0
+        entries = [entry for listed in taken.values() for entry in listed]
         moves = [move for move in map(parse, entries) if move is not None]
         wanted = self.subscriptions.current()
         written = self._write([m for m in moves if wanted.wants(m.type)])
         pipe = self.client.pipeline(transaction=False)
-        for entry in entries:
-            pipe.lrem(self.key, 1, entry)  # type: ignore[arg-type]  # bytes, as read
+        for key, listed in taken.items():
+            for entry in listed:
+                pipe.lrem(key, 1, entry)  # type: ignore[arg-type]  # bytes, as read
         pipe.execute()
         if written:
             self.wake(written)
@@ -210,14 +241,31 @@ class CircuitEvents:
             "created_at": move.at,
         }
 
+    def discover(self) -> list[str]:
+        """Add the moves lists of providers no longer configured (a list left by a process
+        of the configuration before): found once, as the mover starts, by a `SCAN` of their
+        names (every node of a cluster); the keys added."""
+        found = {
+            key.decode() if isinstance(key, bytes) else str(key)
+            for key in self.client.scan_iter(match=f"{TRANSITIONS_KEY}:*", count=1000)
+        }
+        added = sorted(found - set(self.keys))
+        self.keys.extend(added)
+        return added
+
     def _run(self) -> None:
+        try:
+            for key in self.discover():
+                log.info("circuit moves of a provider no longer configured: moving %s", key)
+        except Exception as exc:  # Redis away: the configured providers' lists still move
+            log.warning("circuit moves lists not looked for: %s", exc)
         while not self._stopped.is_set():
             self._due.wait(self.poll_seconds)
             self._due.clear()
             if self._stopped.is_set():
                 return
             try:
-                while self.move_batch()[0] == self.batch:
-                    pass  # a full batch: more may wait
+                while self.move_batch()[0] >= self.batch:
+                    pass  # a list's batch may have been full: more may wait
             except Exception as exc:  # Redis or SQL away: the entries wait in Redis
                 log.warning("circuit transitions not moved to the outbox yet: %s", exc)

@@ -191,7 +191,8 @@ class RedisSubscriptions:
             self._wanted = read_wanted(self.db, self.everyone)
             self._warned.ended("sql")
         except Exception as exc:  # an outage must not stop event writes: keep the last read
-            self._warned.warn("sql", "webhook subscriptions not read again: %s", exc)
+            if not self._stopped.is_set():  # stopping, its database may be gone: nothing to say
+                self._warned.warn("sql", "webhook subscriptions not read again: %s", exc)
             if self._wanted is None:
                 self._wanted = Wanted(everyone=self.everyone)  # configuration only, until read
         return self._wanted

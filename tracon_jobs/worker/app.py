@@ -23,14 +23,13 @@ from typing import Any
 from celery import Celery, Task
 from celery.exceptions import Ignore
 from celery.signals import after_setup_logger, worker_init
-from kombu import Queue
 from sqlalchemy import select
 
 from tracon_jobs import logs, metrics, tracing
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run, Tenant
 from tracon_jobs.settings import Settings
-from tracon_jobs.worker.broker import transport_for
+from tracon_jobs.worker.brokers import broker_of
 from tracon_jobs.worker.envelope import EXECUTE_TASK, RUNS_QUEUE, TRACEPARENT, label_runs_with
 
 log = logging.getLogger(__name__)
@@ -45,6 +44,12 @@ QUIET_LOGGERS = (RECEIVED_LOGGER, "httpx", "httpx2")
 """Loggers held at WARNING in a worker unless `TRACON_LOG_LEVEL` is `DEBUG`: Celery's
 `received` line, and the HTTP client's `HTTP Request: POST ...` line per model call, which
 says what the run's `ModelCallStarted` and `ModelCallCompleted` events say."""
+
+DELAYED_DELIVERY_LOGGER = "kombu.transport.native_delayed_delivery"
+"""Held at ERROR in a worker: on quorum queues (RabbitMQ, `brokers`) Celery sets up its native
+delayed delivery as the worker starts, and this logger then warns, for each direct exchange
+(the run and control queues', the worker's own queue's), that an ETA task sent there would
+wait in the worker. No task of tracon-jobs is sent with an ETA or a countdown."""
 
 CONTROL_QUEUE = "tracon.control"
 """The queue of the periodic tasks, apart from runs so a backlog never delays a scan."""
@@ -147,9 +152,11 @@ def create_celery(
     and each sent message its agent and tenant; `draining` is reported by the worker's
     metrics endpoint (`TRACON_WORKER_METRICS_PORT`).
     """
-    app = Celery("tracon", broker=settings.redis.url, set_as_current=False)
+    # Redis:Url (one server or a Sentinel group), or Broker:Url's RabbitMQ (`brokers`)
+    broker = broker_of(settings)
+    app = Celery("tracon", broker=broker.url, set_as_current=False)
     app.conf.update(
-        task_queues=[Queue(RUNS_QUEUE), Queue(CONTROL_QUEUE)],
+        task_queues=broker.queues([RUNS_QUEUE, CONTROL_QUEUE]),  # quorum queues on RabbitMQ
         task_default_queue=RUNS_QUEUE,
         task_serializer="json",
         accept_content=["json"],
@@ -165,9 +172,9 @@ def create_celery(
         task_send_sent_event=False,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": 3600},
-        broker_transport=transport_for(settings.redis.url),  # one Redis client per channel
         timezone="UTC",
+        # Redis: one Redis client per channel; RabbitMQ: publisher confirms, short heartbeats
+        **broker.celery_options(),
     )
     if describe is not None:
         label_runs_with(app, lambda run_id: _labels(describe, run_id))
@@ -230,6 +237,7 @@ def _install_worker_hooks(app: Celery, draining: threading.Event | None) -> None
         if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
             for name in QUIET_LOGGERS:
                 logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(DELAYED_DELIVERY_LOGGER).setLevel(logging.ERROR)
         metrics.start_worker_server(draining)
 
     worker_init.connect(on_init, weak=False)

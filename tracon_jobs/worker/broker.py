@@ -36,6 +36,8 @@ from queue import Empty
 from time import time
 from typing import Any
 
+import redis
+from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
@@ -46,17 +48,50 @@ log = logging.getLogger(__name__)
 
 TRANSPORT = "tracon_jobs.worker.broker:Transport"
 """Celery's `broker_transport` for a `redis://` broker URL."""
+SENTINEL_TRANSPORT = "tracon_jobs.worker.broker:SentinelTransport"
+"""Celery's `broker_transport` for a `sentinel://` broker URL, fast paths on or off."""
 
 
 def transport_for(url: str) -> str | None:
-    """This transport for a plain `redis://` URL; None (kombu's choice) for any other.
+    """The transport of a broker URL: this module's for `redis://` (the `broker` fast path)
+    and for `sentinel://` (kombu's Sentinel transport with `SentinelChannel`'s fix, fast
+    paths on or off); None (kombu's choice) for any other.
 
     `rediss://` is left to kombu: it turns TLS on by the URL's scheme, which a transport
-    given by name would skip; sentinel URLs have a transport of their own.
+    given by name would skip. A `sentinel://` URL also points kombu's `sentinel` alias here:
+    a connection that fails moves to the URL's next sentinel and takes that URL's transport
+    by its scheme, not the one given by name.
     """
+    if url.strip().lower().startswith("sentinel://"):
+        kombu_transport.TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT
+        return SENTINEL_TRANSPORT
     if not fast_paths.enabled("broker"):
         return None  # kombu's own Redis transport
     return TRANSPORT if url.startswith("redis://") else None
+
+
+class LostConnectionIsConnectionError:
+    """A channel whose kombu connection is gone says so with a connection error.
+
+    A worker that loses the broker has Celery close the kombu connection after letting go of
+    its transport (`Connection.collect`); its threads still acknowledge the messages they
+    start, and the channel is closed again, restoring the messages it had prefetched. kombu
+    builds a new pool from the connection for each of these, finds it gone and raises
+    `AttributeError`, which stops the worker's consumer for good (seen after a Sentinel
+    failover). As a connection error, Celery logs the acknowledgement it could not send, the
+    close goes on, and the consumer reconnects: the messages stay in kombu's unacked hash,
+    their runs are sent again by the requeue scan after `Runs.RequeueAfter` (kombu restores
+    the messages after the visibility timeout; the claim drops the repeat).
+    """
+
+    connection: Any
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        transport = self.connection
+        if transport is None or getattr(transport, "client", None) is None:
+            raise redis.ConnectionError("this channel's broker connection was closed")
+        params: dict[str, Any] = super()._connparams(asynchronous)  # type: ignore[misc]
+        return params
 
 
 DELIVERED_LUA = """-- A delivered message waits for its ack: kombu's unacked hash and index.
@@ -231,7 +266,7 @@ class QoS(kombu_redis.QoS):
 TakingQoS = QoS  # the name `QoS` inside `Channel` is kombu's class attribute
 
 
-class Channel(kombu_redis.Channel):
+class Channel(LostConnectionIsConnectionError, kombu_redis.Channel):
     QoS = QoS
     _shared_client: Any = None
 
@@ -335,3 +370,12 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(LostConnectionIsConnectionError, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (the master asked of the sentinels at each new pool), with a
+    lost connection fixed (`LostConnectionIsConnectionError`); none of the fast paths."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel

@@ -26,13 +26,14 @@ runs again (make it idempotent with `ctx.idempotency_key`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db.models import Run
+from tracon_jobs.workflows.fanout import Branch, OnFailure, branches_of, policy_of
 
 T = TypeVar("T")
 
@@ -79,6 +80,8 @@ class Nodes(Protocol):
     def report_usage(self, amount: Decimal, currency: str) -> None: ...
 
     def patched(self, change: str) -> bool: ...
+
+    def fan_out(self, name: str, branches: Sequence[Branch], policy: OnFailure) -> list[Any]: ...
 
 
 class WorkflowContext:
@@ -134,6 +137,49 @@ class WorkflowContext:
         """An agent node: a child run of this run's tree (its tools, fallbacks, approvals
         and budget); its final text, checkpointed."""
         return self._execution.agent(name or f"agent:{agent}", agent, message)
+
+    def parallel(
+        self,
+        branches: Sequence[Branch],
+        *,
+        on_failure: OnFailure | str,
+        name: str = "parallel",
+    ) -> list[Any]:
+        """Run `branches` at once and return their results in order: function nodes
+        (`Branch.step`) on this worker, agent nodes (`Branch.agent`) and child workflows
+        (`Branch.workflow`) as child runs on any worker, each checkpointed on its own. The
+        run waits for the children without holding a worker (`Waiting`, reason `fanout`)
+        and is continued when the last branch ends. `on_failure` is required:
+        `"fail_fast"` (the first failed branch cancels the others and fails the workflow)
+        or `"collect"` (every branch ends; a failed one's place holds a `BranchFailed`)."""
+        listed = list(branches)
+        for branch in listed:
+            if not isinstance(branch, Branch):
+                raise TypeError(f"ctx.parallel takes Branch values, not {type(branch).__name__}")
+        return self._execution.fan_out(name, listed, policy_of(on_failure))
+
+    def map(
+        self,
+        target: Callable[..., Any] | str,
+        items: Sequence[Any],
+        *,
+        on_failure: OnFailure | str,
+        name: str | None = None,
+    ) -> list[Any]:
+        """`ctx.parallel` over `items`: `target(item)` function nodes, or, when `target` is
+        an agent's name, that agent's runs with the items as messages."""
+        branches = branches_of(target, list(items), name)
+        label = name or (target if isinstance(target, str) else getattr(target, "__name__", ""))
+        return self._execution.fan_out(f"map:{label}", branches, policy_of(on_failure))
+
+    def workflow(
+        self, workflow: str, input: dict[str, Any] | None = None, *, name: str | None = None
+    ) -> Any:
+        """A child workflow: a child run of this tree on any worker (its own waits, budget
+        shared); its result. The run waits for it without holding a worker; a child that
+        fails fails this node."""
+        branch = Branch.workflow(workflow, input, name=name)
+        return self._execution.fan_out(branch.name, [branch], OnFailure.FAIL_FAST)[0]
 
     def ask(self, name: str, payload: Any = None) -> Any:
         """A question for a person: the run waits (`Waiting`, no thread held) until

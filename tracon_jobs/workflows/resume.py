@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,8 +28,9 @@ from tracon_jobs.runs.dispatch import RunDispatcher, submission
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store import NewRun
 from tracon_jobs.settings import Settings
+from tracon_jobs.workflows.fanout import OnFailure
 from tracon_jobs.workflows.registry import WorkflowRegistry
-from tracon_jobs.workflows.store import Due, RequestConflict, WorkflowStore
+from tracon_jobs.workflows.store import Due, FanOut, RequestConflict, WorkflowStore
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,8 @@ DUE_BATCH = 200
 """Waits the timer scan answers per query; a pass reads again until fewer come back."""
 DUE_BATCHES = 50
 """The most batches one pass answers (10,000 waits); the next pass takes the rest."""
+CANCELED = "canceled: another branch failed first"
+"""The outcome of a fail-fast fan-out's branch still running when another one failed."""
 STRANDED_AFTER = timedelta(seconds=2)
 """How old an event wait must be before the scan looks for an event kept for it: younger,
 its own worker's look after its commit is still on its way."""
@@ -60,11 +64,13 @@ class WorkflowResumes:
         store: WorkflowStore,
         dispatcher: RunDispatcher,
         registry: WorkflowRegistry | None = None,
+        cancel: Callable[[Run], object] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.dispatcher = dispatcher
         self.registry = registry  # the code here: the version a continuation is created with
+        self.cancel = cancel  # cancels a run and its tree (a fail-fast fan-out's other children)
 
     def has_attempts_left(self, run: Run) -> bool:
         """Whether the job of an interrupted queued run may start another run of the chain.
@@ -109,6 +115,10 @@ class WorkflowResumes:
         for run_id in self.store.stranded(now - STRANDED_AFTER, DUE_BATCH):
             if self.give_kept_event(run_id) is not None:
                 log.warning("run %s: its kept event answered its wait late", run_id)
+                fired += 1
+        for run_id, node in self.store.fanouts_due(now, DUE_BATCH):
+            if self.answer_fanout(run_id) is not None:
+                log.info("run %s: the scan answered its fan-out %s", run_id, node)
                 fired += 1
         if ahead > timedelta(0):
             for wait in self.store.due(now + ahead, DUE_BATCHES * DUE_BATCH):
@@ -184,6 +194,47 @@ class WorkflowResumes:
             return None  # nothing kept, or answered meanwhile
         return self._send(answered)
 
+    def child_ended(self, child: Run) -> Run | None:
+        """A run ended on this worker: if it is a branch of a fan-out that now has all it
+        waits for, answer the fan-out (the run that continues its chain); None otherwise.
+        The parent found is the newest run of its chain: one that resumed a fan-out its
+        process died in reuses that fan-out's children."""
+        if child.parent_run_id is None:
+            return None
+        parent = self.store.runs.get(child.parent_run_id)  # one read for an agent's child
+        if parent is None or parent.kind != "workflow":
+            return None
+        if parent.status != RunStatus.WAITING.value:  # continued since, or ended
+            parent = self.store.newest(parent.id)
+            if parent is None or parent.status != RunStatus.WAITING.value:
+                return None
+        return self.answer_fanout(parent.id)
+
+    def answer_fanout(self, run_id: str) -> Run | None:
+        """Answer the fan-out the run waits on when its branches are over (all of them, or
+        with `fail_fast` the first that failed: the others are canceled then); the run that
+        continues the chain, or None (not over, not waiting, answered by another)."""
+        fanout = self.store.fanout_of(run_id)
+        if fanout is None or not _over(fanout):
+            return None
+        run = self.store.runs.get(run_id)
+        if run is None or run.status != RunStatus.WAITING.value:
+            return None
+        outcomes = [
+            outcome or {"ok": False, "error": CANCELED, "canceled": True, "name": b["name"]}
+            for outcome, b in zip(fanout.outcomes, fanout.branches, strict=True)
+        ]
+        try:
+            with submission(self._continuation(run, run.attempt, run.resumable)) as new:
+                answered = self.store.answer(run, outcomes, new, kind="fanout", node=fanout.node)
+        except RequestConflict:
+            return None  # answered meanwhile (another branch's worker, the scan, a cancel)
+        for live in fanout.live:  # a fail-fast fan-out's children still running
+            child = self.store.runs.get(live)
+            if child is not None and self.cancel is not None:
+                self.cancel(child)
+        return self._send(answered)
+
     def latest(self, run: Run) -> Run:
         """The run of `run`'s chain that is last now (it, or the run that continues it...)."""
         for _ in range(MAX_CHAIN):
@@ -213,10 +264,20 @@ class WorkflowResumes:
 
     def _send(self, run: Run) -> Run:
         try:
-            self.dispatcher.offer(run.id, run.tenant_id, run.priority)
+            self.dispatcher.offer_run(run)
         except EnqueueError as exc:  # the row is Queued: the requeue scan sends it
             log.warning("continuation %s not sent now (%s); the requeue scan sends it", run.id, exc)
         return run
+
+
+def _over(fanout: FanOut) -> bool:
+    """Whether a fan-out has what it waits for: every branch's outcome, or (`fail_fast`) a
+    failed one."""
+    if all(outcome is not None for outcome in fanout.outcomes):
+        return True
+    return fanout.policy == OnFailure.FAIL_FAST and any(
+        outcome is not None and not outcome.get("ok") for outcome in fanout.outcomes
+    )
 
 
 def _naive(when: datetime) -> datetime:
@@ -227,9 +288,11 @@ def _naive(when: datetime) -> datetime:
 def continuation(
     run: Run, attempt: int, resumable: bool, workflow_version: str | None = None
 ) -> NewRun:
-    """The run that continues `run`: same workflow, input and session; it records
+    """The run that continues `run`: same workflow, input and session, and the same place in
+    its tree (a child workflow's continuation is its parent's child still); it records
     `workflow_version`, the version of the code that creates it (the worker that executes it
     records its own instead when it runs other code)."""
+    child = run.parent_run_id is not None
     return NewRun(
         tenant_id=run.tenant_id,
         agent=run.agent,
@@ -237,6 +300,9 @@ def continuation(
         input=run.input,
         session_id=run.session_id,
         continued_from_run_id=run.id,
+        parent_run_id=run.parent_run_id,
+        root_run_id=run.root_run_id if child else None,
+        depth=run.depth,
         attempt=attempt,
         currency=run.cost_currency,
         priority=run.priority,

@@ -14,9 +14,13 @@ chain's checkpoints, run the rest, and end with one fenced final write (or `Wait
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -29,19 +33,25 @@ from tracon_jobs.abort import AbortSignal
 from tracon_jobs.db.models import Run
 from tracon_jobs.errors import RunCanceled, RunTakenAway
 from tracon_jobs.limits.budget_store import BudgetStore, Limits, Refusal
-from tracon_jobs.limits.tenant_quotas import Quotas
+from tracon_jobs.limits.tenant_quotas import OwnQuota, Quotas
 from tracon_jobs.limits.tree import ChainUnreadable, TreeBudget, open_budget
+from tracon_jobs.runs.dispatch import submission
 from tracon_jobs.runs.execution import stopped
 from tracon_jobs.runs.lifecycle import Claim, ErrorClass, RunError, RunStatus
-from tracon_jobs.runs.store import RunStore
+from tracon_jobs.runs.store import NewRun, RunStore
 from tracon_jobs.runs.subagents import SubAgents
 from tracon_jobs.settings import Settings
 from tracon_jobs.tracing import genai
+from tracon_jobs.workflows import fanout
 from tracon_jobs.workflows.context import TIMED_OUT, WorkflowContext
+from tracon_jobs.workflows.fanout import Branch, OnFailure
 from tracon_jobs.workflows.registry import WorkflowRegistry, WorkflowSpec
-from tracon_jobs.workflows.store import PATCH, WAITS, Recorded, WorkflowStore
+from tracon_jobs.workflows.store import FANOUT, PATCH, WAITS, Recorded, WorkflowStore
 
 log = logging.getLogger(__name__)
+
+STEP_THREADS = 8
+"""The most function branches of one fan-out that run at once on the parent's worker."""
 
 
 class WorkflowStop(BaseException):
@@ -90,6 +100,7 @@ class WorkflowRunner:
         run_inline: Callable[[str], object],
         quotas: Quotas | None = None,
         event_waited: Callable[[str], object] | None = None,
+        fanout_waited: Callable[[str], object] | None = None,
     ) -> None:
         self.settings = settings
         self.runs = runs
@@ -100,15 +111,19 @@ class WorkflowRunner:
         self.run_inline = run_inline  # executes a child nobody claimed, on this thread
         self.quotas = quotas  # tenants' cost quotas, checked where the budget is
         self.event_waited = event_waited  # gives a run that now waits the event kept for it
+        self.fanout_waited = fanout_waited  # answers a fan-out whose branches ended first
 
     def knows(self, name: str) -> bool:
         return self.registry.knows(name)
 
-    def run(self, claim: Claim, run: Run, signal: AbortSignal) -> RunStatus:
+    def run(
+        self, claim: Claim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
+    ) -> RunStatus:
+        """`own_quota`: the tenant's quota row as the claim read it (else read here)."""
         spec = self.registry.get(run.agent)
         assert spec is not None, "the executor checks the workflow is known before it runs"
         try:
-            execution = self._prepare(claim, run, signal)
+            execution = self._prepare(claim, run, signal, own_quota)
         except ChainUnreadable as exc:
             error = RunError("chain_unreadable", ErrorClass.INFRASTRUCTURE, str(exc))
             return self._finish(claim, RunStatus.FAILED, error=error)
@@ -147,37 +162,61 @@ class WorkflowRunner:
         elif waiting.kind == "timer":
             assert waiting.until is not None, "a timer has its time"
             self.store.sleep(claim, waiting.node, waiting.until)
+        elif waiting.kind == FANOUT:
+            self.store.wait_fanout(claim, waiting.node)
+            if self.fanout_waited is not None:  # its branches may all have ended meanwhile
+                self.fanout_waited(claim.run_id)
         else:
             timeout = waiting.until if isinstance(waiting.until, timedelta) else None
             self.store.await_event(claim, waiting.node, waiting.event, timeout, waiting.chain)
             if self.event_waited is not None:  # an event kept while the wait was written
                 self.event_waited(claim.run_id)
 
-    def _prepare(self, claim: Claim, run: Run, signal: AbortSignal) -> WorkflowExecution:
+    def _prepare(
+        self, claim: Claim, run: Run, signal: AbortSignal, own_quota: OwnQuota | None = None
+    ) -> WorkflowExecution:
         spec = self.registry.get(run.agent)
         assert spec is not None, "the executor checks the workflow is known before it runs"
         if run.workflow_version != spec.version:  # created by a process that runs other code
             self.store.record_version(claim, spec.version)
             run.workflow_version = spec.version
-        chain = self.store.chain(run)
-        recorded = self._replayable(chain)
+        lineage = self.store.lineage(run)
+        chain = lineage.ids
+        counted = set(lineage.since_restart) if self._checkpointing else set()
+        # A run that continues nothing, claimed for the first time, has nothing recorded yet
+        # (a node is written only under its run's own claim): no read for it.
+        first = len(chain) == 1 and claim.fence == 1
+        recorded = {} if first else self._replayable(chain, counted)
         older = _older_versions(spec, recorded)
         limits = Limits.from_settings(self.settings.agent_graph)
         currency = self.settings.pricing.currency
-        budget = open_budget(self.budgets, self.runs.db, limits, run, currency, self.quotas)
+        budget = open_budget(
+            self.budgets, self.runs.db, limits, run, currency, self.quotas, own_quota
+        )
         return WorkflowExecution(
-            self, claim, run, signal, budget, recorded, logical_id=chain[-1], older=older
+            self,
+            claim,
+            run,
+            signal,
+            budget,
+            recorded,
+            logical_id=chain[-1],
+            older=older,
+            counted=[run_id for run_id in chain if run_id in counted and run_id != run.id],
         )
 
-    def _replayable(self, chain: list[str]) -> dict[str, Recorded]:
+    @property
+    def _checkpointing(self) -> bool:
+        """Whether a replay answers from checkpoints (`EnableCheckpointing`); the answers to
+        waits it always has."""
+        return self.settings.workflows.enable_checkpointing
+
+    def _replayable(self, chain: list[str], counted: set[str]) -> dict[str, Recorded]:
         """What the replay answers: the answers to the waits of the whole chain (a person's,
         a timer's firing, an event: they are input, not results), and the checkpoints of
         the runs since the job last started the workflow again from its first node (none
         without `EnableCheckpointing`)."""
         recorded = self.store.recorded(chain)
-        counted: set[str] = set()
-        if self.settings.workflows.enable_checkpointing:
-            counted = set(self.store.since_restart(chain))
         return {
             node: hit
             for node, hit in recorded.items()
@@ -209,9 +248,19 @@ class WorkflowExecution:
     recorded: dict[str, Recorded]
     logical_id: str  # the first run of the chain: node keys are stable across the chain
     older: bool = False  # another version wrote what it replays: `ctx.patched` is False
+    counted: list[str] = field(default_factory=list)  # earlier runs whose checkpoints count
     counts: dict[str, int] = field(default_factory=dict)
-    current: str | None = None
     replayed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # not yet written
+    _local: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def current(self) -> str | None:
+        """The node running now on this thread (a fan-out's function branches run at once)."""
+        return getattr(self._local, "node", None)
+
+    @current.setter
+    def current(self, node: str | None) -> None:
+        self._local.node = node
 
     def flush_replays(self) -> None:
         """Write the replay events gathered so far, in one transaction: replaying a hundred
@@ -316,6 +365,157 @@ class WorkflowExecution:
         tracing.current_span().event("tracon.workflow.wait_for", attributes)
         raise Waits(node, "event", until=timeout, event=event, chain=self.logical_id)
 
+    def fan_out(self, name: str, branches: Sequence[Branch], policy: OnFailure) -> list[Any]:
+        """Run `branches` at once (`fanout`): the children start with the node, the function
+        branches run here, and the run waits without its thread for the rest."""
+        node = self._next(name)
+        hit = self._replay(node, FANOUT)
+        if hit is not None:
+            values, failure = fanout.results(node, list(hit.value or []), policy)
+            if failure is not None:
+                self._event("WorkflowNodeFailed", node=node, attempt=1, error=failure)
+                raise WorkflowStop(RunError("workflow_node_failed", ErrorClass.TOOL, failure))
+            return values
+        if not branches:
+            return []
+        self._ensure_live()
+        self._check_targets(node, branches)
+        self.flush_replays()
+        store = self.runner.store
+        started = store.started_fanout(self.counted, node) if self.counted else None
+        child_ids: dict[int, str] = {}
+        steps: dict[int, dict[str, Any]] = {}
+        if started is not None:  # an earlier run of the chain started it, then stopped
+            if [(b["kind"], b["name"]) for b in started.branches] != [
+                (b.kind, b.name) for b in branches
+            ]:
+                raise WorkflowStop(_fanout_changed(node))
+            # what succeeded or still runs is kept; a failed branch (or one canceled when
+            # another failed) runs again, as a failed node does when a run is resumed
+            steps = {index: done for index, done in started.steps.items() if done.get("ok")}
+            earlier = {int(b["index"]): str(b["runId"]) for b in started.branches if b.get("runId")}
+            failed = store.failed_children(list(earlier.values()))
+            child_ids = {index: run for index, run in earlier.items() if run not in failed}
+        for index, branch in enumerate(branches):
+            if branch.is_child and index not in child_ids:
+                refusal = self.budget.refuse_child(self.run.depth + 1)
+                self._stop_if_refused(f"{node}/{index}", 1, refusal)
+        made = {
+            i: self._child(b) for i, b in enumerate(branches) if b.is_child and i not in child_ids
+        }
+        child_ids |= {index: new.id for index, new in made.items()}
+        children = list(made.values())
+        shape = fanout.layout(branches, child_ids)
+        with ExitStack() as spans:  # each child's submission span, when traced
+            traced = [spans.enter_context(submission(new)) for new in children]
+            created = store.start_fanout(self.claim, node, policy.value, shape, traced, steps)
+            for child in created:
+                self.runner.children.send(child.id)
+        outcomes = self._run_steps(node, branches, steps, policy)
+        failure = fanout.first_failure(node, outcomes)
+        if policy is OnFailure.FAIL_FAST and failure is not None:
+            for child_id in child_ids.values():
+                self.runner.children.cancel(child_id)
+            raise WorkflowStop(RunError("workflow_node_failed", ErrorClass.TOOL, failure))
+        raise Waits(node, FANOUT)
+
+    def _check_targets(self, node: str, branches: Sequence[Branch]) -> None:
+        """Every agent and workflow a branch names is configured here, or the node fails."""
+        for index, branch in enumerate(branches):
+            if branch.kind == "agent" and self.runner.settings.agents.get(branch.target) is None:
+                missing = f"agent '{branch.target}'"
+            elif branch.kind == "workflow" and not self.runner.registry.knows(branch.target):
+                missing = f"workflow '{branch.target}'"
+            else:
+                continue
+            message = f"node '{node}' branch {index} ('{branch.name}'): no {missing} is configured"
+            raise WorkflowStop(RunError("configuration_error", ErrorClass.CONFIGURATION, message))
+
+    def _child(self, branch: Branch) -> NewRun:
+        """The child run of an agent or workflow branch, in this run's tree."""
+        run = self.run
+        workflow = branch.kind == "workflow"
+        return NewRun(
+            tenant_id=run.tenant_id,
+            agent=branch.target,
+            kind="workflow" if workflow else "agent",
+            input=branch.input if workflow else {"message": branch.input},
+            session_id=run.session_id,
+            parent_run_id=run.id,
+            root_run_id=run.root_run_id,
+            depth=run.depth + 1,
+            currency=run.cost_currency,
+            priority=run.priority,
+            workflow_version=self.runner.registry.version_of(branch.target) if workflow else None,
+        )
+
+    def _run_steps(
+        self,
+        node: str,
+        branches: Sequence[Branch],
+        done: dict[int, dict[str, Any]],
+        policy: OnFailure,
+    ) -> dict[int, dict[str, Any]]:
+        """The function branches' outcomes by index (those `done` before, and the rest run
+        now, at most `STEP_THREADS` at once, each in its own copy of the caller's context)."""
+        todo = [(i, b) for i, b in enumerate(branches) if b.kind == "step" and i not in done]
+        if not todo:
+            return dict(done)
+        one_failed = threading.Event()
+
+        def branch_outcome(index: int, branch: Branch) -> dict[str, Any]:
+            if policy is OnFailure.FAIL_FAST and one_failed.is_set():
+                return {**fanout.failed("canceled: another branch failed first"), "canceled": True}
+            outcome = self._branch_step(node, index, branch)
+            if not outcome["ok"]:
+                one_failed.set()
+            return outcome
+
+        with ThreadPoolExecutor(min(len(todo), STEP_THREADS), "tj-branch") as pool:
+            futures = [
+                pool.submit(contextvars.copy_context().run, branch_outcome, index, branch)
+                for index, branch in todo
+            ]
+            ran = {index: future.result() for (index, _), future in zip(todo, futures, strict=True)}
+        return {**done, **ran}
+
+    def _branch_step(self, node: str, index: int, branch: Branch) -> dict[str, Any]:
+        """One function branch, with its retries; its outcome, committed (`branch_done`)."""
+        assert branch.fn is not None, "a step branch has its function"
+        key = f"{node}/{index}"
+        store = self.runner.store
+        for attempt in range(1, branch.retries + 2):
+            self._ensure_live()
+            self._event("WorkflowNodeStarted", node=key, kind="step", attempt=attempt, fanOut=node)
+            refusal = self.budget.refuse_node()
+            if refusal is not None:
+                outcome = fanout.failed(f"did not start: {refusal.message}")
+                data = {"node": key, "attempt": attempt, "error": refusal.message}
+                store.branch_done(
+                    self.claim, node, index, outcome, {**data, "refused": refusal.type}
+                )
+                return {**outcome, "name": branch.name}
+            self.current = key
+            try:
+                with genai.node(key, "step", attempt):
+                    value = branch.fn(*branch.args, **branch.kwargs)
+                    json.dumps(value)
+            except Exception as exc:
+                data = {"node": key, "attempt": attempt, "error": str(exc), "fanOut": node}
+                if attempt <= branch.retries:
+                    self._event("WorkflowNodeFailed", **data)
+                    continue
+                outcome = fanout.failed(f"{type(exc).__name__}: {exc}")
+                store.branch_done(self.claim, node, index, outcome, data)
+                return {**outcome, "name": branch.name}
+            finally:
+                self.current = None
+            outcome = fanout.succeeded(value)
+            data = {"node": key, "kind": "step", "fanOut": node}
+            store.branch_done(self.claim, node, index, outcome, data)
+            return {**outcome, "name": branch.name}
+        raise AssertionError("unreachable: the last attempt returns")
+
     def report_usage(self, amount: Decimal, currency: str) -> None:
         counted = currency == self.runner.settings.pricing.currency and amount > 0
         data = {
@@ -410,6 +610,15 @@ def _version_mismatch(spec: WorkflowSpec, versions: list[str]) -> RunError:
         f"by version{plural} {written}; nothing was replayed. Deploy the code that wrote it, "
         f"or declare @workflow('{spec.name}', compatible=[{written}]) or branch with "
         "ctx.patched(), then resume the run",
+    )
+
+
+def _fanout_changed(node: str) -> RunError:
+    return RunError(
+        "workflow_fanout_changed",
+        ErrorClass.CONFIGURATION,
+        f"fan-out '{node}' was started with other branches by an earlier run of the chain "
+        "(its children run); the code that resumes it must give it the same branches",
     )
 
 

@@ -18,24 +18,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, Final, cast
 
-from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy import Select, Table, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from tracon_jobs.db.engine import StatementClock
 from tracon_jobs.db.models import Run, WorkflowEvent, WorkflowNode
 from tracon_jobs.db.outages import rides_out_outages
 from tracon_jobs.errors import RunTakenAway
-from tracon_jobs.limits.tree import MAX_CHAIN, ChainUnreadable
+from tracon_jobs.limits.tree import MAX_CHAIN, ChainUnreadable, chain_cte
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runs.reconcile import JOB_RESTARTED
 from tracon_jobs.runs.store import Event, NewRun, RunStore, iso
 
 NODES = cast(Table, WorkflowNode.__table__)
 EVENTS = cast(Table, WorkflowEvent.__table__)
-WAITS = ("ask", "timer", "event")
-"""The kinds of node a run waits on; their answers are the chain's input, replayed always."""
+WAITS = ("ask", "timer", "event", "fanout")
+"""The kinds of node a run waits on; their answers are the chain's input, replayed always
+(a fan-out's answer holds every branch's outcome: the children ran once, in their runs)."""
+TIMED = ("timer", "event")
+"""The kinds of wait the timer scan answers at their time (`due`)."""
+FANOUT = "fanout"
+BRANCH = "branch"
+"""The kind of a fan-out's function branch's outcome (`<node>/<index>`), written always."""
+FANOUT_RECHECK = timedelta(seconds=5)
+"""How long a fan-out waits before the timer scan looks at its branches (then again each
+time this passes): a branch ended by a cancel or a recovery tells no worker; the worker
+that finishes a child answers at once (`WorkflowResumes.child_ended`)."""
 PATCH = "patch"
 """The kind of node that records a `ctx.patched` decision; replayed always, like answers."""
 RUNS = cast(Table, Run.__table__)
@@ -64,8 +74,56 @@ class Due:
     at: datetime | None = None  # its time (UTC, naive, as the database keeps it)
 
 
+@dataclass(frozen=True)
+class FanOut:
+    """A fan-out node a run waits on (or runs): its branches and what each came to."""
+
+    run_id: str
+    node: str
+    policy: str
+    branches: list[dict[str, Any]]  # `fanout.layout`
+    outcomes: list[dict[str, Any] | None]  # per branch; None while it runs
+    live: list[str]  # the children (the newest runs of their chains) still running
+
+
+@dataclass(frozen=True)
+class Started:
+    """A fan-out an earlier run of the chain started (its process died before the answer):
+    its children and the function branches it finished, reused by the run that resumes."""
+
+    branches: list[dict[str, Any]]
+    steps: dict[int, dict[str, Any]]
+
+
 class RequestConflict(Exception):
     """The run is not waiting for an answer (or another answer won): the caller says 409."""
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """A run's chain, newest first (the run, then the run it continues, and so on), and the
+    runs of it whose checkpoints a replay answers from: those after the newest run whose job
+    attempted the workflow again from its first node."""
+
+    ids: list[str]
+    since_restart: list[str]
+
+
+def _since_restart(ids: list[str], restarted: set[str]) -> list[str]:
+    for position, run_id in enumerate(ids):
+        if run_id in restarted:
+            return ids[:position]
+    return ids
+
+
+def _lineage() -> Select[Any]:
+    """From `:first` (the run a run continues), each run of the chain in order, up to the
+    longest chain a run may continue, with what it continues and how it ended."""
+    chain = chain_cte("first", 2, "error_type")  # the run itself is the first of its chain
+    return select(chain.c.id, chain.c.next, chain.c.error_type).order_by(chain.c.n)
+
+
+_LINEAGE: Final = _lineage()
 
 
 class ResumeConflict(Exception):
@@ -84,17 +142,25 @@ class WorkflowStore:
     @rides_out_outages
     def chain(self, run: Run) -> list[str]:
         """The run and the runs it continues, newest first; all of them or `ChainUnreadable`."""
-        ids = [run.id]
-        current = run.continued_from_run_id
-        with self.db.read() as session:
-            while current is not None and len(ids) <= MAX_CHAIN:
-                ids.append(current)
-                current = session.scalar(
-                    select(RUNS.c.continued_from_run_id).where(RUNS.c.id == current)
-                )
-        if current is not None or len(ids) > MAX_CHAIN:
+        return self.lineage(run).ids
+
+    @rides_out_outages
+    def lineage(self, run: Run) -> Lineage:
+        """The chain (`chain`) and which of its runs a replay answers from, in one statement
+        (`_LINEAGE`), none for a run that continues nothing."""
+        ids, restarted = [run.id], set()
+        following = run.continued_from_run_id
+        if following is not None:
+            with self.db.read() as session:
+                rows = session.execute(_LINEAGE, {"first": following}).all()
+            ids += [row.id for row in rows]
+            restarted = {row.id for row in rows if row.error_type == JOB_RESTARTED}
+            following = rows[-1].next if rows else following
+            if following is not None and len(ids) <= MAX_CHAIN:
+                ids.append(following)  # a run it names that is gone: the chain ends there
+        if len(ids) > MAX_CHAIN:
             raise ChainUnreadable(f"the chain of run {run.id} is longer than {MAX_CHAIN} runs")
-        return ids
+        return Lineage(ids, _since_restart(ids, restarted))
 
     @rides_out_outages
     def recorded(self, run_ids: Sequence[str]) -> dict[str, Recorded]:
@@ -125,22 +191,6 @@ class WorkflowStore:
                 row.workflow_version,
             )
         return found
-
-    @rides_out_outages
-    def since_restart(self, run_ids: Sequence[str]) -> list[str]:
-        """The runs of the chain (newest first) whose checkpoints a replay answers from: those
-        after the newest run whose job attempted the workflow again from its first node."""
-        if len(run_ids) < 2:
-            return list(run_ids)
-        query = select(RUNS.c.id).where(
-            RUNS.c.id.in_(list(run_ids[1:])), RUNS.c.error_type == JOB_RESTARTED
-        )
-        with self.db.read() as session:
-            restarted = set(session.scalars(query))
-        for position, run_id in enumerate(run_ids):
-            if run_id in restarted:
-                return list(run_ids[:position])
-        return list(run_ids)
 
     def request_of(self, run_id: str) -> WorkflowNode | None:
         query = select(WorkflowNode).where(
@@ -305,6 +355,168 @@ class WorkflowStore:
         with self.db.read() as session:
             return int(session.execute(query).scalar_one())
 
+    # -- fan-out ----------------------------------------------------------------------------
+
+    @rides_out_outages
+    def start_fanout(
+        self,
+        claim: Claim,
+        node: str,
+        policy: str,
+        branches: list[dict[str, Any]],
+        children: Sequence[NewRun],
+        steps: dict[int, dict[str, Any]],
+    ) -> list[Run]:
+        """Record the fan-out node `node` (running: `asked`) with its child runs, and the
+        function branches `steps` an earlier run of the chain finished, in one fenced
+        transaction; the children, `Queued`, for the caller to send."""
+        events: list[Event] = []
+        with self.db.write() as session:
+            data = {"node": node, "onFailure": policy, "branches": branches}
+            started = self.runs.append_in(session, claim, "WorkflowFanOutStarted", data)
+            events.append(started)
+            created: list[Run] = []
+            for new in children:
+                child, queued = self.runs.create_in(session, new)
+                created.append(child)
+                events.append(queued)
+            payload = {"onFailure": policy, "branches": branches}
+            session.execute(
+                insert(NODES).values(
+                    run_id=claim.run_id,
+                    node=node,
+                    kind=FANOUT,
+                    status="asked",
+                    payload=payload,
+                    created_at=started.at,
+                )
+            )
+            for index, outcome in steps.items():
+                session.execute(_branch_row(claim.run_id, node, index, outcome, started.at))
+        for event in events:
+            self.runs.publish(event)
+        return created
+
+    @rides_out_outages
+    def branch_done(
+        self, claim: Claim, node: str, index: int, outcome: dict[str, Any], data: dict[str, Any]
+    ) -> None:
+        """Commit a function branch's outcome (`fanout.succeeded`/`failed`) with its event."""
+        type_ = "WorkflowNodeCompleted" if outcome.get("ok") else "WorkflowNodeFailed"
+        with self.db.write() as session:
+            event = self.runs.append_in(session, claim, type_, data)
+            session.execute(_branch_row(claim.run_id, node, index, outcome, event.at))
+        self.runs.publish(event)
+
+    @rides_out_outages
+    def wait_fanout(self, claim: Claim, node: str) -> None:
+        """Put the run `Waiting` for the branches of its fan-out `node` (which it started)."""
+        with self.db.write() as session:
+            now = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
+            waiting = {"request": node, "reason": FANOUT}
+            event = self.runs.append_in(session, claim, "RunWaiting", waiting)
+            session.execute(
+                update(NODES)
+                .where(NODES.c.run_id == claim.run_id, NODES.c.node == node, NODES.c.kind == FANOUT)
+                .values(due_at=now + FANOUT_RECHECK)
+            )
+            self.runs.wait_in(session, claim, event.at)
+        self.runs.publish(event)
+
+    @rides_out_outages
+    def started_fanout(self, run_ids: Sequence[str], node: str) -> Started | None:
+        """The fan-out `node` as the newest of `run_ids` that started it left it (None when
+        none did): reused, its children are not started twice."""
+        order = {run_id: position for position, run_id in enumerate(run_ids)}
+        with self.db.read() as session:
+            rows = session.execute(
+                select(NODES.c.run_id, NODES.c.payload).where(
+                    NODES.c.run_id.in_(list(run_ids)), NODES.c.node == node, NODES.c.kind == FANOUT
+                )
+            ).all()
+            if not rows:
+                return None
+            newest = min(rows, key=lambda row: order[row.run_id])
+            steps = _branch_outcomes(session, newest.run_id, node)
+        return Started(list((newest.payload or {}).get("branches") or []), steps)
+
+    @rides_out_outages
+    def fanout_of(self, run_id: str) -> FanOut | None:
+        """The fan-out the run waits on (or runs), with its branches' outcomes so far; None
+        when it has none open."""
+        with self.db.read() as session:
+            row = session.execute(
+                select(NODES.c.node, NODES.c.payload).where(
+                    NODES.c.run_id == run_id, NODES.c.kind == FANOUT, NODES.c.status == "asked"
+                )
+            ).first()
+            if row is None:
+                return None
+            payload = row.payload or {}
+            branches = list(payload.get("branches") or [])
+            steps = _branch_outcomes(session, run_id, row.node)
+            children = [str(b["runId"]) for b in branches if b.get("runId")]
+            ends = _newest_of(session, children)
+        outcomes: list[dict[str, Any] | None] = []
+        live: list[str] = []
+        for index, branch in enumerate(branches):
+            if not branch.get("runId"):
+                found = steps.get(index)
+                outcomes.append(None if found is None else {**found, "name": branch["name"]})
+                continue
+            newest = ends[str(branch["runId"])]
+            outcome = _child_outcome(branch, newest)
+            if outcome is None:
+                live.append(str(newest.id))
+            outcomes.append(outcome)
+        policy = str(payload.get("onFailure") or "fail_fast")
+        return FanOut(run_id, row.node, policy, branches, outcomes, live)
+
+    @rides_out_outages
+    def failed_children(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these child runs ended (the newest run of each one's chain) other than
+        `Completed`: a fan-out resumed after them starts those branches again."""
+        with self.db.read() as session:
+            newest = _newest_of(session, run_ids)
+        return {
+            first
+            for first, run in newest.items()
+            if RunStatus(run.status).is_terminal and run.status != RunStatus.COMPLETED.value
+        }
+
+    @rides_out_outages
+    def newest(self, run_id: str) -> Run | None:
+        """The newest run of the chain `run_id` belongs to, from it on (a continuation, a
+        resume, a job's next attempt); None when `run_id` is no run."""
+        with self.db.read() as session:
+            return _newest_of(session, [run_id]).get(run_id)
+
+    @rides_out_outages
+    def fanouts_due(self, now: datetime, limit: int) -> list[tuple[str, str]]:
+        """(run, node) of the fan-outs of `Waiting` runs whose look is due (`FANOUT_RECHECK`),
+        each then put off by that much: the scan looks again later if it is not over."""
+        query = (
+            select(NODES.c.run_id, NODES.c.node)
+            .join(RUNS, RUNS.c.id == NODES.c.run_id)
+            .where(
+                NODES.c.status == "asked",
+                NODES.c.due_at <= now,
+                NODES.c.kind == FANOUT,
+                RUNS.c.status == RunStatus.WAITING.value,
+            )
+            .order_by(NODES.c.due_at)
+            .limit(limit)
+        )
+        with self.db.write() as session:
+            found = [(str(row.run_id), str(row.node)) for row in session.execute(query)]
+            for run_id, node in found:
+                session.execute(
+                    update(NODES)
+                    .where(NODES.c.run_id == run_id, NODES.c.node == node)
+                    .values(due_at=now + FANOUT_RECHECK)
+                )
+        return found
+
     @rides_out_outages
     def due(self, now: datetime, limit: int) -> list[Due]:
         """Waiting nodes whose time came (timers, event timeouts) of runs still `Waiting`,
@@ -315,6 +527,7 @@ class WorkflowStore:
             .where(
                 NODES.c.status == "asked",
                 NODES.c.due_at <= now,
+                NODES.c.kind.in_(TIMED),
                 RUNS.c.status == RunStatus.WAITING.value,
             )
             .order_by(NODES.c.due_at)
@@ -373,9 +586,9 @@ class WorkflowStore:
         under that name, taken in the same transaction (`RequestConflict` when none is)."""
         events: list[Event] = []
         with self.db.write() as session:
-            now = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
             if buffered is not None:
-                taken = _take_buffered(session, *buffered, new.id, now)
+                clock = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
+                taken = _take_buffered(session, *buffered, new.id, clock)
                 if taken is None:
                     raise RequestConflict(f"no event '{buffered[1]}' is kept for run '{run.id}'")
                 answer = taken[0]
@@ -385,25 +598,28 @@ class WorkflowStore:
             where = [NODES.c.run_id == run.id, NODES.c.status == "asked", NODES.c.kind == kind]
             if node is not None:
                 where.append(NODES.c.node == node)
-            answered = session.execute(
+            found = session.execute(
                 update(NODES)
                 .where(*where)
-                .values(status="answered", result=result, answered_at=now)
-                .returning(NODES.c.node)
-            ).scalar_one_or_none()
-            if answered is None:
+                .values(status="answered", result=result, answered_at=_NOW)
+                .returning(NODES.c.node, NODES.c.answered_at),
+                self.db.clock_params(),
+            ).one_or_none()
+            if found is None:
                 raise RequestConflict(f"run '{run.id}' is not waiting for {_WAITED[kind]}")
-            waited = self.runs.complete_waiting_in(session, run.id, now, {"continuedIn": new.id})
-            if waited is None:
+            answered, now = found  # the database's time, read by the update itself
+            output = {"continuedIn": new.id}
+            closing = [
+                ("RunContinued", {"node": answered, "continuationRunId": new.id}),
+                ("RunCompleted", {"status": "Completed", "output": output}),
+            ]
+            closed = self.runs.close_answered_in(session, run.id, now, output, closing)
+            if closed is None:
                 raise RequestConflict(f"run '{run.id}' is no longer waiting")
-            data = {"node": answered, "continuationRunId": new.id}
-            events.append(self.runs.append_in(session, None, "RunContinued", data, run_id=run.id))
-            closed = {"status": "Completed", "output": {"continuedIn": new.id}}
-            events.append(self.runs.append_in(session, None, "RunCompleted", closed, run_id=run.id))
+            events += closed
             created, queued = self.runs.create_in(session, new)
             events.append(queued)
-        for event in events:
-            self.runs.publish(event)
+        self.runs.publish_all(events)
         return created
 
     def resume(self, run: Run, new: NewRun) -> Run:
@@ -424,12 +640,68 @@ class WorkflowStore:
             events.append(self.runs.append_in(session, None, "RunContinued", data, run_id=run.id))
             created, queued = self.runs.create_in(session, new)
             events.append(queued)
-        for event in events:
-            self.runs.publish(event)
+        self.runs.publish_all(events)
         return created
 
 
-_WAITED = {"ask": "an answer", "timer": "a timer", "event": "an event"}
+_WAITED = {"ask": "an answer", "timer": "a timer", "event": "an event", FANOUT: "its branches"}
+
+
+def _branch_row(run_id: str, node: str, index: int, outcome: dict[str, Any], at: datetime) -> Any:
+    return insert(NODES).values(
+        run_id=run_id,
+        node=f"{node}/{index}",
+        kind=BRANCH,
+        status="completed",
+        result=outcome,
+        created_at=at,
+    )
+
+
+def _branch_outcomes(session: Session, run_id: str, node: str) -> dict[int, dict[str, Any]]:
+    """The function branches of the fan-out `node` the run finished, by index."""
+    rows = session.execute(
+        select(NODES.c.node, NODES.c.result).where(
+            NODES.c.run_id == run_id,
+            NODES.c.kind == BRANCH,
+            NODES.c.node.startswith(f"{node}/", autoescape=True),
+        )
+    ).all()
+    return {int(row.node.rsplit("/", 1)[1]): dict(row.result or {}) for row in rows}
+
+
+def _newest_of(session: Session, run_ids: Sequence[str]) -> dict[str, Run]:
+    """For each run, the newest run of its chain from it on: the runs that continue it
+    (an answer, a resume, a job's next attempt), followed a hop per query for all at once."""
+    rows = {run.id: run for run in session.scalars(select(Run).where(Run.id.in_(list(run_ids))))}
+    newest = {run_id: rows[run_id] for run_id in run_ids if run_id in rows}
+    for _ in range(MAX_CHAIN):
+        tips = {run.id: first for first, run in newest.items()}
+        following = list(
+            session.scalars(select(Run).where(Run.continued_from_run_id.in_(list(tips))))
+        )
+        if not following:
+            break
+        for run in sorted(following, key=lambda r: r.created_at):
+            newest[tips[str(run.continued_from_run_id)]] = run
+    return newest
+
+
+def _child_outcome(branch: dict[str, Any], newest: Run) -> dict[str, Any] | None:
+    """What a child branch came to, from the newest run of its chain; None while it runs."""
+    status = RunStatus(newest.status)
+    if not status.is_terminal:
+        return None
+    output = newest.output or {}
+    if status is RunStatus.COMPLETED and "continuedIn" not in output:
+        value = output.get("text", "") if branch["kind"] == "agent" else output.get("result")
+        return {"ok": True, "value": value, "name": branch["name"], "runId": newest.id}
+    if status is RunStatus.COMPLETED:  # its continuation is being written: still running
+        return None
+    error = f"{branch['kind']} '{branch.get('target')}' run {newest.id} ended {newest.status}"
+    if newest.error_message:
+        error += f": {newest.error_message}"
+    return {"ok": False, "error": error, "name": branch["name"], "runId": newest.id}
 
 
 def _naive_utc(when: datetime | None) -> datetime | None:

@@ -22,7 +22,7 @@ from tracon_jobs.runs.ledger import Ledger
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.timeline import RunTimeline
 from tracon_jobs.runs.views import tool_call_json
-from tracon_jobs.workflows.store import RequestConflict
+from tracon_jobs.workflows.store import FanOut, RequestConflict
 from web.console import forms
 from web.console.blueprint import bp, safe_next
 from web.console.plots import stacked_chart
@@ -167,6 +167,7 @@ def run_context(run: Run) -> dict[str, Any]:
         "tree": nest(rt.runs.tree(run.root_run_id, current_tenant())),
         "approvals": approvals,
         "question": question_of(run),
+        "fanout": fanout_of(run),
         "answer": forms.Answer(""),
         "max_answer": forms.MAX_ANSWER,
         "payload": forms.Answer(""),
@@ -181,6 +182,14 @@ def question_of(run: Run) -> WorkflowNode | None:
     if run.kind != "workflow" or run.status != RunStatus.WAITING.value:
         return None
     return runtime().workflow_store.request_of(run.id)
+
+
+def fanout_of(run: Run) -> FanOut | None:
+    """The fan-out a waiting workflow run waits on: its branches, with what each came to and
+    its child run (`#workflow-fanout`)."""
+    if run.kind != "workflow" or run.status != RunStatus.WAITING.value:
+        return None
+    return runtime().workflow_store.fanout_of(run.id)
 
 
 @dataclass

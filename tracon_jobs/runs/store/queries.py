@@ -16,7 +16,9 @@ from tracon_jobs.db.models import Run, RunEvent
 from tracon_jobs.runs.lifecycle import RunStatus
 from tracon_jobs.runs.store.statements import (
     _EVENTS_AFTER,
+    _RUN_BY_ID,
     _RUN_OF_TENANT,
+    _detached_run,
 )
 from tracon_jobs.runs.store.values import (
     Event,
@@ -32,11 +34,13 @@ class RunQueries:
     db: Database
 
     def get(self, run_id: str, tenant_id: str | None = None) -> Run | None:
-        with self.db.read() as session:
-            run = session.get(Run, run_id)
-        if run is None or (tenant_id is not None and run.tenant_id != tenant_id):
+        """The run (detached, every column loaded), or None when it is not there or not the
+        tenant's. Core: the row made a `Run` as the claim makes one (`_detached_run`)."""
+        with self.db.read_connection() as connection:
+            row = connection.execute(_RUN_BY_ID, {"p_id": run_id}).one_or_none()
+        if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
             return None
-        return run
+        return _detached_run(row._asdict())
 
     def exists(self, run_id: str, tenant_id: str) -> bool:
         """Whether the tenant has this run: one indexed read, no row loaded."""

@@ -31,6 +31,7 @@ from typing import Any, cast
 from sqlalchemy import (
     Column,
     Connection,
+    Integer,
     Table,
     bindparam,
     case,
@@ -47,9 +48,12 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, configure_mappers, make_transient_to_detached
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.elements import BindParameter, ColumnElement, TextClause
+from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.selectable import CTE, Select
 
 from tracon_jobs.db.engine import StatementClock
@@ -97,6 +101,30 @@ def _next_seq(*guard: ColumnElement[bool]) -> Update:
     )
 
 
+class WaitedMs(FunctionElement[int]):
+    """Milliseconds from a waiting run's `waiting_since` to the bound `p_ended_at` (at least
+    0), computed in the statement that ends the wait: no read of `waiting_since` before it."""
+
+    type = Integer()
+    name = "waited_ms"
+    inherit_cache = True
+
+
+_ENDED_AT = _param(RUNS.c.ended_at)
+
+
+@compiles(WaitedMs)
+def _sqlite_waited_ms(element: WaitedMs, compiler: SQLCompiler, **kw: Any) -> str:
+    ended, since = (compiler.process(e, **kw) for e in (_ENDED_AT, RUNS.c.waiting_since))
+    return f"MAX(CAST((julianday({ended}) - julianday({since})) * 86400000 AS INTEGER), 0)"
+
+
+@compiles(WaitedMs, "postgresql")
+def _postgres_waited_ms(element: WaitedMs, compiler: SQLCompiler, **kw: Any) -> str:
+    ended, since = (compiler.process(e, **kw) for e in (_ENDED_AT, RUNS.c.waiting_since))
+    return f"GREATEST(CAST(FLOOR(EXTRACT(EPOCH FROM ({ended} - {since})) * 1000) AS INTEGER), 0)"
+
+
 _OWNED = (RUNS.c.fence == _param(RUNS.c.fence), RUNS.c.status == RunStatus.RUNNING.value)
 _APPEND = _next_seq()
 _APPEND_FENCED = _next_seq(*_OWNED)
@@ -113,6 +141,22 @@ _SPEND: dict[str, Any] = dict(
 _APPEND_SPEND = _APPEND_FENCED.values(**_SPEND)
 _APPEND_COST = _APPEND_FENCED.values(cost_amount=RUNS.c.cost_amount + _param(RUNS.c.cost_amount))
 _APPEND_MANY_FENCED = _APPEND_FENCED.values(event_seq=RUNS.c.event_seq + bindparam("p_count"))
+
+_CLOSE_ANSWERED = (
+    update(RUNS)
+    .where(RUNS.c.id == _param(RUNS.c.id), RUNS.c.status == RunStatus.WAITING.value)
+    .values(
+        status=RunStatus.COMPLETED.value,
+        output=_param(RUNS.c.output),
+        ended_at=_ENDED_AT,
+        waiting_since=None,
+        waited_ms=RUNS.c.waited_ms + WaitedMs(),
+        event_seq=RUNS.c.event_seq + bindparam("p_count"),
+    )
+    .returning(RUNS.c.event_seq, _NOW)
+)
+"""`Waiting` -> `Completed` by the answer that continues the run's chain, with the seqs of its
+`p_count` closing events, in one statement (`WaitingRuns.close_answered_in`)."""
 _INSERT_EVENT = insert(EVENTS)
 _CREATE = (
     insert(RUNS)
@@ -155,6 +199,7 @@ _CREATE_QUEUED = (
 _QUOTAS = cast(Table, TenantQuotaOverride.__table__)
 _TENANTS = cast(Table, Tenant.__table__)
 
+_RUN_BY_ID = select(*RUNS.c).where(RUNS.c.id == bindparam("p_id"))
 _RUN_OF_TENANT = select(RUNS.c.id).where(
     RUNS.c.id == bindparam("p_id"), RUNS.c.tenant_id == bindparam("p_tenant")
 )
@@ -473,6 +518,29 @@ def _insert_many(count: int) -> TextClause:
     ]
     columns = ", ".join(_EVENT_COLUMNS)
     return hot(text(f"INSERT INTO {EVENTS.name} ({columns}) VALUES {rows}").bindparams(*binds))
+
+
+@functools.cache
+def _append_in_one(statement: Update) -> Insert:
+    """PostgreSQL: `statement` (a `_next_seq`: the run's next seq and the time, where its guard
+    holds) and the insert of that event, in one statement, a data-modifying CTE; it returns
+    (seq, at) as `statement` does, and no row when the guard failed (nothing inserted). One
+    round trip an event where there were two. SQLite has no data-modifying CTE: it runs the
+    two (`RunWrites._append`)."""
+    seq = statement.returning(RUNS.c.id).cte("next_seq")
+    next_seq, at, run_id = list(seq.c)
+    event = select(
+        run_id,
+        next_seq,
+        bindparam("type", type_=EVENTS.c.type.type),
+        at,
+        bindparam("data", type_=EVENTS.c.data.type),
+    )
+    return (
+        insert(EVENTS)
+        .from_select(["run_id", "seq", "type", "at", "data"], event)
+        .returning(EVENTS.c.seq, EVENTS.c.at)
+    )
 
 
 def _insert_event(

@@ -4,6 +4,7 @@ that continues its chain, canceled)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from tracon_jobs.runs.lifecycle import (
     RunStatus,
 )
 from tracon_jobs.runs.store.statements import (
+    _CLOSE_ANSWERED,
     _NOW,
     _OWNED,
     RUNS,
@@ -91,31 +93,29 @@ class WaitingRuns(RunWrites):
         ).scalar_one_or_none()
         return changed is not None
 
-    def complete_waiting_in(
-        self, session: Session, run_id: str, now: datetime, output: dict[str, Any]
-    ) -> str | None:
-        """`Waiting` -> `Completed` with `output` inside the caller's transaction: a workflow
-        run answered, whose chain goes on in a new run; None when it no longer waits."""
-        waiting_since = session.execute(
-            select(RUNS.c.waiting_since)
-            .where(RUNS.c.id == run_id, RUNS.c.status == RunStatus.WAITING.value)
-            .with_for_update()
-        ).scalar_one_or_none()
-        if waiting_since is None:
+    def close_answered_in(
+        self,
+        session: Session,
+        run_id: str,
+        now: datetime,
+        output: dict[str, Any],
+        events: Sequence[tuple[str, dict[str, Any]]],
+    ) -> list[Event] | None:
+        """`Waiting` -> `Completed` with `output` inside the caller's transaction, with its
+        closing `events`: a workflow run answered, whose chain goes on in a new run. One
+        update (its status, the time it waited, the events' seqs) and one insert of the
+        events; None when it no longer waits (another answer, a cancel, came first)."""
+        params = {
+            "p_id": run_id,
+            "p_output": output,
+            "p_ended_at": now,
+            "p_count": len(events),
+            **self.db.clock_params(),
+        }
+        row = session.execute(_CLOSE_ANSWERED, params).one_or_none()
+        if row is None:
             return None
-        waited = max(int((now - waiting_since).total_seconds() * 1000), 0)
-        return session.execute(
-            update(RUNS)
-            .where(RUNS.c.id == run_id, RUNS.c.status == RunStatus.WAITING.value)
-            .values(
-                status=RunStatus.COMPLETED.value,
-                output=output,
-                ended_at=now,
-                waiting_since=None,
-                waited_ms=RUNS.c.waited_ms + waited,
-            )
-            .returning(RUNS.c.id)
-        ).scalar_one_or_none()
+        return self._insert_numbered(session, run_id, row, events, self._messages(run_id, events))
 
     def close_waiting(self, run_id: str, error: RunError) -> bool:
         """Close a run that waits for a person; it holds no worker, so nothing else stops."""

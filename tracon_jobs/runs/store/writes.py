@@ -53,6 +53,7 @@ from tracon_jobs.runs.store.statements import (
     _SAVE_TURN,
     RUNS,
     Executes,
+    _append_in_one,
     _detached_run,
     _insert_event,
     _insert_events,
@@ -160,11 +161,23 @@ class RunWrites:
         transaction wrote."""
         if event is not None and self.feed is not None:
             self.feed.publish(event.run_id, event.seq)
-        if event is not None and self._after_commit:
+        if event is not None:
+            self._committed(event)
+        return event
+
+    def publish_all(self, events: Sequence[Event]) -> None:
+        """`publish` of the events one transaction committed, their notifications in one
+        round trip."""
+        if self.feed is not None:
+            self.feed.publish_all([(event.run_id, event.seq) for event in events])
+        for event in events:
+            self._committed(event)
+
+    def _committed(self, event: Event) -> None:
+        if self._after_commit:
             written = self._after_commit.pop((event.run_id, event.seq), None)
             if written and self.outbox is not None:
                 self.outbox.committed([m for m, _ in written], any(new for _, new in written))
-        return event
 
     # -- the webhook messages of events --------------------------------------------------
 
@@ -407,11 +420,24 @@ class RunWrites:
             row = session.execute(guarded, params).one_or_none()
             if row is None:
                 return None
-            events = _numbered(run_id, row[0], row[1], typed)
-            _insert_events(session, events)
-            if messages:
-                self._write_messages(session, events, messages)
+            events = self._insert_numbered(session, run_id, row, typed, messages)
         return events[-1]
+
+    def _insert_numbered(
+        self,
+        session: Executes,
+        run_id: str,
+        last: Sequence[Any],
+        typed: Typed,
+        messages: Sequence[Message],
+    ) -> list[Event]:
+        """The events `typed`, numbered up to the seq and at the time of `last` (the guarded
+        update's row), inserted with the webhook messages they cause."""
+        events = _numbered(run_id, last[0], last[1], typed)
+        _insert_events(session, events)
+        if messages:
+            self._write_messages(session, events, messages)
+        return events
 
     def _write_in_one(
         self,
@@ -476,15 +502,7 @@ class RunWrites:
             ).one_or_none()
             if row is None:
                 raise RunTakenAway(f"run {claim.run_id} is no longer owned by fence {claim.fence}")
-            last, at = row
-            first = last - len(events) + 1
-            rows = [
-                Event(claim.run_id, first + i, type_, at, data)
-                for i, (type_, data) in enumerate(events)
-            ]
-            _insert_events(session, rows)
-            if messages:
-                self._write_messages(session, rows, messages)
+            rows = self._insert_numbered(session, claim.run_id, row, events, messages)
         self.publish(rows[-1])
 
     def append_in(
@@ -517,11 +535,16 @@ class RunWrites:
         params.update(self.db.clock_params(), p_id=run_id)
         if claim is not None:
             params["p_fence"] = claim.fence
-        row = session.execute(statement, params).one_or_none()
+        if self.db.is_sqlite:
+            row = session.execute(statement, params).one_or_none()
+            if row is not None:
+                _insert_event(session, run_id, row[0], type_, row[1], data)
+        else:  # the seq and the event in one round trip
+            event_params = {**params, "type": type_, "data": data}
+            row = session.execute(_append_in_one(statement), event_params).one_or_none()
         if row is None:
             raise RunTakenAway(f"run {run_id} is no longer owned by fence {claim and claim.fence}")
         seq, at = row
-        _insert_event(session, run_id, seq, type_, at, data)
         event = Event(run_id=run_id, seq=seq, type=type_, at=at, data=data)
         messages = self._messages(run_id, ((type_, data),))
         if messages:
