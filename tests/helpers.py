@@ -16,6 +16,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+from tests.waits import TIMEOUT_SLACK
 from tracon_jobs.cli import supervisor
 from tracon_jobs.db.models import Run
 from tracon_jobs.runs.dispatch import Sender
@@ -78,7 +79,9 @@ def wait_until(
     seconds it took. TimeoutError naming `what` when it never holds, `ChildExited` as soon as
     a process of `watch` exits without it (the command's own `wait_until` does the polling)."""
     started = time.monotonic()
-    supervisor.wait_until(ready, what=what, timeout=timeout, watch=watch, interval=interval)
+    supervisor.wait_until(
+        ready, what=what, timeout=timeout * TIMEOUT_SLACK, watch=watch, interval=interval
+    )
     return time.monotonic() - started
 
 

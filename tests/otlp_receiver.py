@@ -19,6 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from tests.waits import TIMEOUT_SLACK
+
 KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 
 
@@ -156,7 +158,7 @@ class OtlpReceiver:
         timeout: float = 20.0,
         what: str = "spans",
     ) -> list[ReceivedSpan]:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout * TIMEOUT_SLACK
         with self._lock:
             while not predicate(self.spans):
                 left = deadline - time.monotonic()

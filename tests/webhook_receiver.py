@@ -22,6 +22,8 @@ from typing import Any
 
 import standardwebhooks
 
+from tests.waits import TIMEOUT_SLACK
+
 
 @dataclass(frozen=True)
 class Received:
@@ -103,7 +105,7 @@ class Receiver:
         self, count: int, timeout: float = 15.0, path: str | None = None
     ) -> list[Received]:
         """The requests (to `path`, when given) once there are `count` of them."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout * TIMEOUT_SLACK
         with self.arrived:
             while len(self._of(path)) < count:
                 left = deadline - time.monotonic()
@@ -163,7 +165,7 @@ def logged(log: Path) -> list[Received]:
 def wait_logged(
     log: Path, count: int, timeout: float = 30.0, where: Callable[[Received], bool] | None = None
 ) -> list[Received]:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * TIMEOUT_SLACK
     while True:
         found = [r for r in logged(log) if where is None or where(r)]
         if len(found) >= count:

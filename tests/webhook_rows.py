@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 import redis
 
+from tests.waits import TIMEOUT_SLACK
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import WebhookAttempt, WebhookDelivery, WebhookMessage
 from tracon_jobs.webhooks.signing import message_id
@@ -106,7 +107,7 @@ def subscribed(client: redis.Redis, *channels: str) -> redis.client.PubSub:
 def heard(listener: redis.client.PubSub, count: int, timeout: float = 5.0) -> list[str]:
     """The channels of the next `count` notices, then nothing more for a moment."""
     channels: list[str] = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * TIMEOUT_SLACK
     while len(channels) < count and time.monotonic() < deadline:
         message = listener.get_message(timeout=0.2)
         if message is not None:

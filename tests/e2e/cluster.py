@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tracon_jobs.cli.supervisor import Child, Supervisor, wait_until
+from tests import helpers
+from tracon_jobs.cli.supervisor import Child, Supervisor
 from tracon_jobs.embedded_redis import free_port
 from tracon_jobs.fast_paths import ENV_VAR as FAST_PATHS
 
@@ -99,6 +101,18 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    what: str,
+    timeout: float,
+    watch: Iterable[Child] = (),
+    interval: float = 0.05,
+) -> float:
+    """`tests.helpers.wait_until`, at a slower look for facts that other processes make."""
+    return helpers.wait_until(ready, what=what, timeout=timeout, watch=watch, interval=interval)
 
 
 def wait_for_log(process: Process, needle: str, *, timeout: float) -> None:

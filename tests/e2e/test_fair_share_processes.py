@@ -147,7 +147,7 @@ def test_another_tenants_backlog_delays_a_run_by_about_one_run_per_slot(
     # Then they completed within about one run's time per slot (what the worker was busy
     # with, what was on its way), while most of A's backlog still waited
     a_done = completed(runtime, a_runs)
-    assert took < 2.0, f"B's runs took {took:.2f}s"
+    assert took < 4.0, f"B's runs took {took:.2f}s"  # not A's backlog's 5 s
     assert a_done < 200, f"{a_done} of A's runs completed first"
     arrived = answers.arrived()
     b_first = min(arrived.index(f"b-{n}") for n in range(4))

@@ -158,8 +158,8 @@ def test_a_client_that_goes_away_gives_its_place_back_at_once(
 
     held[0][0].close()  # the client goes away: no event, no keep-alive needed to notice
     closed_at = time.monotonic()
-    wait_until(lambda: admitted(base, headers, run_id), timeout=5, what="the place given back")
-    assert time.monotonic() - closed_at < 2.0
+    wait_until(lambda: admitted(base, headers, run_id), timeout=20, what="the place given back")
+    assert time.monotonic() - closed_at < 10  # not the next keep-alive, 15 s on
     for sock, _head in held[1:]:
         sock.close()
 

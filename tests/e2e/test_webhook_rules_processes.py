@@ -37,7 +37,7 @@ import pytest
 import sqlalchemy as sa
 import standardwebhooks
 
-from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.cluster import Cluster, wait_for_log, wait_until
 from tests.fake_slack import FakeSlack, click, signed
 from tests.helpers import MakeRuntime, Script, run_of, scripted_agent
 from tests.helpers import event_types as events
@@ -306,9 +306,11 @@ def test_retries_keep_one_webhook_id_a_rotation_signs_twice_in_its_grace_and_dis
 
     # And no secret, nor the URL's token, is in the worker's or the web's log, which do tell
     # of each attempt (scheme, host and port only)
-    assert f"webhook attempt to http://127.0.0.1:{hooks.port}: HTTP 500" in worker.text()
-    assert "timeout after" in worker.text() and "redirect not followed" in worker.text()
-    assert "PATCH /api/webhooks/" in web.text()
+    # (each line is written once its attempt or response is done: waited for, not read once)
+    wait_for_log(worker, f"webhook attempt to http://127.0.0.1:{hooks.port}: HTTP 500", timeout=10)
+    wait_for_log(worker, "timeout after", timeout=10)
+    wait_for_log(worker, "redirect not followed", timeout=10)
+    wait_for_log(web, "PATCH /api/webhooks/", timeout=10)
     no_secret_logged(
         cluster,
         [first_secret, second_secret, redirect_secret, disabled_secret, key, URL_TOKEN],
@@ -392,7 +394,9 @@ def test_private_destinations_are_refused_at_every_attempt_of_a_real_worker(
     nothing_more(loopback, 0)
     # And the worker's log tells of each refusal, by host and port only, with no secret
     for host in ("127.0.0.1", "10.1.2.3", "169.254.169.254", "localhost"):
-        assert f"webhook attempt to http://{host}:{port}: refused destination" in worker.text()
+        wait_for_log(
+            worker, f"webhook attempt to http://{host}:{port}: refused destination", timeout=10
+        )
     no_secret_logged(cluster, [name_secret, URL_TOKEN])
 
 
@@ -468,7 +472,9 @@ def test_a_circuit_that_opens_and_closes_is_told_to_the_operators_endpoint_signe
     nothing_more(ops, 2)
     assert len(stub_provider.requests) == 2
     # And the worker's log tells of both attempts, without the operator's secret
-    assert worker.text().count(f"webhook attempt to http://127.0.0.1:{ops.port}: HTTP 200") == 2
+    attempt = f"webhook attempt to http://127.0.0.1:{ops.port}: HTTP 200"
+    wait_until(lambda: worker.text().count(attempt) >= 2, timeout=10, what="two attempts logged")
+    assert worker.text().count(attempt) == 2
     no_secret_logged(cluster, [secret])
 
 
@@ -608,6 +614,6 @@ def test_slack_refuses_forged_stale_and_replayed_requests_and_a_link_decides_onl
 
     # And neither the signing secret, the bot token, the links' key nor a link's token is
     # in any log: the access log shows the link's path redacted
-    assert f"POST {INTERACTIONS}" in web.text()
-    assert "/approvals/links/<redacted>" in web.text()
+    wait_for_log(web, f"POST {INTERACTIONS}", timeout=10)
+    wait_for_log(web, "/approvals/links/<redacted>", timeout=10)
     no_secret_logged(cluster, [SIGNING_SECRET, TOKEN, LINKS_KEY, link.rpartition("/")[2]])

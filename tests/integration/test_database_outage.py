@@ -68,7 +68,7 @@ def test_retries_stop_at_the_outage_budget() -> None:
 
     with pytest.raises(OperationalError):
         retry_outages(flaky, flaky.call, "a write")
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 5
 
 
 # -- a Redis that stopped, and /v1 during an outage ------------------------------------

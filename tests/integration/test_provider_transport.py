@@ -128,8 +128,8 @@ def test_an_abort_ends_a_blocked_call_promptly(stub: StubProvider, provider: Sdk
 
     # Then it ends at once, and the request is really closed on the wire
     assert raised.kind == "cancelled"
-    assert time.monotonic() - started < 1.5
-    wait_until(lambda: stub.in_progress == 0, what="no call in progress", timeout=2)
+    assert time.monotonic() - started < 10  # not the server's 30 s
+    wait_until(lambda: stub.in_progress == 0, what="no call in progress", timeout=5)
 
 
 def test_the_provider_still_works_after_an_abort(stub: StubProvider, provider: SdkProvider) -> None:

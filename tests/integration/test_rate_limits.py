@@ -104,7 +104,7 @@ def test_a_waiting_call_starts_when_the_window_moves_and_a_cancel_ends_its_wait(
     limits.admit("p", "m", 1, AbortSignal())
     started = time.monotonic()
     limits.admit("p", "m", 1, AbortSignal())
-    assert 0.25 < time.monotonic() - started < 1.0
+    assert 0.25 < time.monotonic() - started < 3.0
 
     canceled = AbortSignal()
     canceled.abort("cancelled")

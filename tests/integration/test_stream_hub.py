@@ -124,7 +124,7 @@ def test_a_quiet_stream_gets_keepalives_and_a_client_that_leaves_frees_its_place
     client.sock.close()
     closed = time.monotonic()
     wait_until(lambda: hub.places.held("acme") == 1, timeout=5, what="the place back")
-    assert time.monotonic() - closed < 1.0 and hub.count() == 1
+    assert time.monotonic() - closed < 3.0 and hub.count() == 1
     second.sock.close()
     wait_until(lambda: hub.count() == 0, timeout=5, what="the hub empty")
 

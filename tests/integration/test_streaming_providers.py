@@ -96,7 +96,7 @@ def test_a_cancel_cuts_the_stream(stub: StubProvider, provider: SdkProvider) -> 
     with pytest.raises(ProviderError) as raised:
         provider.stream(REQUEST, signal, on_text)
     assert raised.value.kind == "cancelled"
-    assert time.monotonic() - cut_at[0] < 0.5
+    assert time.monotonic() - cut_at[0] < 4  # not the stream's 8 s
 
 
 def test_the_total_timeout_ends_a_trickling_stream(stub: StubProvider) -> None:
@@ -106,7 +106,7 @@ def test_the_total_timeout_ends_a_trickling_stream(stub: StubProvider) -> None:
     with pytest.raises(ProviderError) as raised:
         provider.stream(REQUEST, AbortSignal(), lambda _: None)
     assert raised.value.kind == "timeout"
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 3  # not the stream's 4 s
     provider.close()
 
 
@@ -227,7 +227,7 @@ def test_a_stream_that_goes_quiet_ends_at_its_idle_timeout(stub_provider: StubPr
         timeout_seconds=10,
         idle_timeout_seconds=0.3,
     )
-    stub_provider.enqueue(Reply("one two three", chunks=3, chunk_delay=1.0))
+    stub_provider.enqueue(Reply("one two three", chunks=3, chunk_delay=5.0))
     started = time.monotonic()
     with pytest.raises(ProviderError) as failed:
         provider.stream(
@@ -236,7 +236,7 @@ def test_a_stream_that_goes_quiet_ends_at_its_idle_timeout(stub_provider: StubPr
             lambda piece: None,
         )
     assert failed.value.kind == "timeout"
-    assert time.monotonic() - started < 2.0, "the idle timeout did not end the wait"
+    assert time.monotonic() - started < 4.0, "the idle timeout did not end the wait"
     provider.close()
 
 

@@ -545,10 +545,10 @@ def test_subscriptions_follow_the_changed_channel_at_once(
         took = wait_until(
             lambda: watcher.current().wants("run.completed"),
             what="the notice",
-            timeout=2,
+            timeout=20,
             interval=0.002,
         )
-        assert took < 0.1
+        assert took < 10  # not the poll's 60 s
 
         # When the endpoint is disabled without a notice, the cache stays as it was
         with runtime.db.write() as session:

@@ -261,7 +261,7 @@ def test_a_slow_receiver_times_out_at_the_timeout(receiver: Receiver) -> None:
     took = time.monotonic() - started
     sender.close()
     assert (result.status, result.error) == (None, "timeout after 0.5 s")
-    assert 0.45 <= took < 1.5, took
+    assert 0.45 <= took < 5, took  # not the receiver's 10 s
     assert len(receiver.requests) == 1
 
 
@@ -277,7 +277,7 @@ def test_a_dripping_receiver_cannot_stretch_the_attempt(receiver: Receiver) -> N
     took = time.monotonic() - started
     sender.close()
     assert (result.status, result.error) == (None, "timeout after 0.5 s")
-    assert took < 1.5, took
+    assert took < 4, took  # not the drip's 5 s
 
 
 def test_a_redirect_is_not_followed(
@@ -302,7 +302,7 @@ def test_a_redirect_to_the_metadata_service_is_not_followed(
     result = send(open_sender, receiver.url(f"/redirect?to={metadata}"))
 
     assert result.error == f"redirect not followed (302 to {metadata})"
-    assert time.monotonic() - started < 1  # nothing was dialed that could hang
+    assert time.monotonic() - started < 3  # nothing was dialed that could hang (5 s)
     assert len(receiver.requests) == 1
 
 
@@ -368,7 +368,7 @@ def test_private_destinations_are_refused_before_any_network_wait(url: str, erro
 
     sender.close()
     assert (result.status, result.error) == (None, error)
-    assert time.monotonic() - started < 0.5  # no connect was tried, let alone timed out
+    assert time.monotonic() - started < 3  # no connect was tried, let alone timed out (5 s)
 
 
 def test_plain_http_is_refused_when_not_allowed(receiver: Receiver) -> None:
