@@ -17,11 +17,13 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from slack_sdk.signature import SignatureVerifier
+
+from tests.local_server import LocalServer
 
 
 @dataclass
@@ -58,7 +60,7 @@ class FakeSlack:
     unknown_channels: set[str] = field(default_factory=set)
     delay: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    _server: ThreadingHTTPServer | None = None
+    _server: LocalServer | None = None
     _clock: int = 1_700_000_000_000_000
 
     # -- control ---------------------------------------------------------------------------
@@ -73,8 +75,7 @@ class FakeSlack:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = LocalServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

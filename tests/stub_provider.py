@@ -23,9 +23,11 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any, Protocol
+
+from tests.local_server import LocalServer
 
 _ids = itertools.count(1)
 
@@ -527,8 +529,7 @@ class StubProvider:
         return self._server
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(LocalServer):
     stub: StubProvider
 
 

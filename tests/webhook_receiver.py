@@ -16,12 +16,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import standardwebhooks
 
+from tests.local_server import LocalServer
 from tests.waits import TIMEOUT_SLACK
 
 
@@ -62,7 +63,7 @@ class Receiver:
         self.default = Answer()
         self.log = log
         self.arrived = threading.Condition()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: LocalServer | None = None
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -78,8 +79,7 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self._server.daemon_threads = True
+        self._server = LocalServer(("127.0.0.1", port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

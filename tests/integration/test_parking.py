@@ -201,7 +201,7 @@ def test_with_park_on_open_circuit_a_run_refused_by_every_link_parks_until_the_r
 ) -> None:
     config = slot_limited(stub_provider)
     del config["ModelConcurrency"]
-    config["CircuitBreaker"] = {"FailureThreshold": 1, "BreakDuration": "00:00:01"}
+    config["CircuitBreaker"] = {"FailureThreshold": 1, "BreakDuration": "00:00:03"}
     config["Runs"] = {"ParkOnOpenCircuit": True}
     runtime = make_runtime(sqlite_url, **config)
     resent: list[str] = []

@@ -253,12 +253,12 @@ def test_half_open_admits_one_probe_that_closes_the_circuit(
     sqlite_url: str,
     stub_provider: StubProvider,
 ) -> None:
-    breaker = {"FailureThreshold": 1, "BreakDuration": "00:00:00.300"}
+    breaker = {"FailureThreshold": 1, "BreakDuration": "00:00:01"}
     runtime = make_runtime(sqlite_url, **chain(stub_provider, CircuitBreaker=breaker))
     stub_provider.enqueue(error(500))
     run_once(runtime)
     assert runtime.breaker.snapshot("a").state == "open"
-    threading.Event().wait(0.35)  # the break itself is the behaviour under test
+    threading.Event().wait(1.05)  # the break itself is the behaviour under test
 
     probe = run_once(runtime)
 

@@ -13,13 +13,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from tests.local_server import LocalServer
 from tracon_jobs.webhooks import signing
 from tracon_jobs.webhooks.addresses import Destinations
 from tracon_jobs.webhooks.sender import AttemptResult, Sender
@@ -47,9 +48,7 @@ class Received:
     body: bytes
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _Server(LocalServer):
     def __init__(self, receiver: Receiver) -> None:
         self.receiver = receiver
         super().__init__(("127.0.0.1", 0), _Handler)
