@@ -92,6 +92,7 @@ class Options:
     slow_step: float
     kill_at: float
     hold: float
+    answer_batch: int
     orphan_threshold: float | None
     scan_interval: float | None
     heartbeat_interval: float | None
@@ -226,6 +227,13 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     add("--slow-step", type=float, default=2.0, help="recovery: the slow step, seconds")
     add("--kill-at", type=float, default=0.25, help="recovery: kill once this share completed")
     add("--hold", type=float, default=5.0, help="W3: seconds parked before the answers")
+    add(
+        "--answer-batch",
+        type=int,
+        default=50,
+        help="W3: answers a request carries on tracon's side (POST /api/workflows/answers; 1: "
+        "the respond route, a request each); DBOS sends each with DBOSClient.send",
+    )
     add("--orphan-threshold", type=float, help="tracon's OrphanThreshold, s (default: its own)")
     add("--scan-interval", type=float, help="tracon's ScanInterval, s (default: its own)")
     add("--heartbeat-interval", type=float, help="tracon's HeartbeatInterval, s (default: its own)")
@@ -392,7 +400,7 @@ def parked(side: Side, options: Options, children: Supervisor) -> Parked:
     cpu_hold = hold.stop()
     meter = Meter(children, side.engine)
     answering = time.time()
-    sent = answer_all(side, ids, options.threads)
+    sent = answer_all(side, ids, options.threads, options.answer_batch)
     answer_seconds = time.time() - answering
     done, _ = wait_done(side, prefix, count, open_before, options.timeout, children)
     answered = meter.stop()
@@ -535,16 +543,19 @@ def submit_all(
     return [ident for part in in_threads(send, threads) for ident in part]
 
 
-def answer_all(side: Side, ids: list[str], threads: int) -> dict[str, float]:
-    """Every parked workflow answered from `threads` client threads; id -> when its answer
-    was sent (epoch s)."""
+def answer_all(side: Side, ids: list[str], threads: int, batch: int) -> dict[str, float]:
+    """Every parked workflow answered from `threads` client threads, up to `batch` of them a
+    call (`Side.answer_many`); id -> when its answer was sent (epoch s)."""
     shares = [ids[i::threads] for i in range(threads)]
 
     def send(client: int) -> dict[str, float]:
-        sent = {}
-        for ident in shares[client]:
-            sent[ident] = time.time()
-            side.answer(client, ident)
+        sent: dict[str, float] = {}
+        share = shares[client]
+        for start in range(0, len(share), batch):
+            idents = share[start : start + batch]
+            now = time.time()
+            sent |= dict.fromkeys(idents, now)
+            side.answer_many(client, idents)
         return sent
 
     return {ident: at for part in in_threads(send, threads) for ident, at in part.items()}

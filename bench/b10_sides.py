@@ -64,8 +64,9 @@ class Side(Protocol):
     def submit(self, client: int, workflow: str, key: str, seconds: float | None) -> str:
         """Submit one workflow from client thread `client`; its id (run id, workflow id)."""
 
-    def answer(self, client: int, ident: str) -> None:
-        """Answer the parked workflow `ident` from client thread `client`."""
+    def answer_many(self, client: int, idents: list[str]) -> None:
+        """Answer the parked workflows `idents` from client thread `client`: one request
+        where the system has one for many answers, else one each."""
 
     def open_count(self) -> int:
         """Workflows of any key not ended yet: one query over a status index."""
@@ -185,11 +186,22 @@ class TraconSide:
             raise RuntimeError(f"POST {path} -> {response.status_code}: {response.text}")
         return str(response.json()["runId"])
 
-    def answer(self, client: int, ident: str) -> None:
-        path = f"/api/workflows/runs/{ident}/respond"
-        response = self.clients[client].post(path, json={"answer": ANSWER}, headers=ASYNC)
-        if response.status_code != 202:
-            raise RuntimeError(f"POST {path} -> {response.status_code}: {response.text}")
+    def answer_many(self, client: int, idents: list[str]) -> None:
+        if len(idents) == 1:  # the respond route
+            path = f"/api/workflows/runs/{idents[0]}/respond"
+            response = self.clients[client].post(path, json={"answer": ANSWER}, headers=ASYNC)
+            if response.status_code != 202:
+                raise RuntimeError(f"POST {path} -> {response.status_code}: {response.text}")
+            return
+        body = {"answers": [{"runId": ident, "answer": ANSWER} for ident in idents]}
+        response = self.clients[client].post("/api/workflows/answers", json=body)
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"POST /api/workflows/answers -> {response.status_code}: {response.text}"
+            )
+        refused = [item for item in response.json()["items"] if item["status"] != 202]
+        if refused:
+            raise RuntimeError(f"POST /api/workflows/answers: not answered: {refused}")
 
     def open_count(self) -> int:
         query = sa.select(sa.func.count()).select_from(sa.table("runs", sa.column("status")))
@@ -361,11 +373,12 @@ class DbosSide:
         self.client.enqueue(options, *args)
         return key
 
-    def answer(self, client: int, ident: str) -> None:
+    def answer_many(self, client: int, idents: list[str]) -> None:
         from bench.b10_dbos_app import TOPIC
 
         assert self.client is not None
-        self.client.send(ident, ANSWER, topic=TOPIC)
+        for ident in idents:  # DBOS sends one message a call
+            self.client.send(ident, ANSWER, topic=TOPIC)
 
     def open_count(self) -> int:
         return scalar(self.engine, DBOS_OPEN)

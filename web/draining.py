@@ -19,6 +19,7 @@ RUN_STARTING_ENDPOINTS = frozenset(
         "openai.responses",
         "workflows.run_workflow",
         "workflows.respond",
+        "workflows.respond_many",
         "workflows.resume",
         "workflows.deliver_event",
     }

@@ -39,6 +39,7 @@ from web.openai_request import (
 from web.openai_shapes import WITHDRAWN_CODE
 from web.runs import TREE_NODE_KEYS
 from web.webhooks import MAX_GRACE_SECONDS
+from web.workflows import MAX_ANSWERS
 
 bp = Blueprint("openapi", __name__)
 
@@ -570,6 +571,53 @@ ANSWER_SCHEMA: dict[str, Any] = {
     "required": ["answer"],
     "additionalProperties": False,
     "properties": {"answer": {"description": "any JSON value"}},
+}
+ANSWERS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": NO_NUL,
+    "required": ["answers"],
+    "additionalProperties": False,
+    "properties": {
+        "answers": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_ANSWERS,
+            "items": {
+                "type": "object",
+                "required": ["runId", "answer"],
+                "additionalProperties": False,
+                "properties": {
+                    "runId": {"type": "string", "format": "uuid"},
+                    "answer": {"description": "any JSON value"},
+                },
+            },
+        }
+    },
+}
+ANSWERED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["items"],
+    "properties": {
+        "items": {
+            "type": "array",
+            "description": "one per answer, in the request's order",
+            "items": {
+                "type": "object",
+                "required": ["runId", "status"],
+                "properties": {
+                    "runId": {"type": "string", "description": "the run answered"},
+                    "status": {
+                        "enum": [202, 404, 409],
+                        "description": "202 answered (continuationRunId continues the chain);"
+                        " 404 no such workflow run of the tenant; 409 it waits for no answer",
+                    },
+                    "continuationRunId": {"type": "string", "format": "uuid"},
+                    "runStatus": {"type": "string"},
+                    "detail": {"type": "string"},
+                },
+            },
+        }
+    },
 }
 EVENT_BODY_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -1284,7 +1332,7 @@ def approval_paths(key: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def workflow_paths(key: dict[str, Any]) -> dict[str, Any]:
+def workflow_paths(key: dict[str, Any], async_key: dict[str, Any]) -> dict[str, Any]:
     started = {
         "200": {"description": "the new run's events until its terminal event", "content": SSE},
         "202": _json(_schema("Accepted"), "queued (Prefer: respond-async); Location names it"),
@@ -1320,7 +1368,7 @@ def workflow_paths(key: dict[str, Any]) -> dict[str, Any]:
                 "Start a workflow run (SSE by default; Prefer: respond-async for 202, which a job"
                 " owns and, with Workflows.ResumeInterruptedRuns, resumes after a crash)",
                 {**started, **_api(404, 409, 413, 422, 429, 501)},
-                parameters=[NAME, PREFER, key],
+                parameters=[NAME, PREFER, async_key],
                 requestBody=_body(_schema("WorkflowRequest")),
             )
         },
@@ -1329,8 +1377,22 @@ def workflow_paths(key: dict[str, Any]) -> dict[str, Any]:
                 "Answer the question a Waiting workflow run asked; a new run continues the chain"
                 " (409 when it waits for nothing)",
                 {**started, **_api(429)},
-                parameters=[RUN_ID, PREFER, key],
+                parameters=[RUN_ID, PREFER, async_key],
                 requestBody=_body(_schema("Answer")),
+            )
+        },
+        "/api/workflows/answers": {
+            "post": _op(
+                f"Answer the questions of up to {MAX_ANSWERS} Waiting workflow runs in one"
+                " transaction; each answered as its respond route would (a new run continues"
+                " its chain), one that waits for nothing (409) or is not found (404) changing"
+                " nothing of the others",
+                {
+                    "200": _json(_schema("Answered"), "each answer's outcome, in order"),
+                    **_api(409, 413, 422, 429, 501),
+                },
+                parameters=[key],
+                requestBody=_body(_schema("Answers")),
             )
         },
         "/api/workflows/runs/{id}/events/{name}": {
@@ -1356,7 +1418,7 @@ def workflow_paths(key: dict[str, Any]) -> dict[str, Any]:
                 "Resume a Failed workflow run from its latest checkpoint (409 for a live, waiting,"
                 " completed or already resumed run); a body is ignored",
                 {**started, **_api(429)},
-                parameters=[RUN_ID, PREFER, key],
+                parameters=[RUN_ID, PREFER, async_key],
             )
         },
     }
@@ -1979,7 +2041,7 @@ def document(settings: Settings) -> dict[str, Any]:
         "paths": {
             **run_paths(key),
             **approval_paths(key),
-            **workflow_paths(async_key),
+            **workflow_paths(key, async_key),
             **operator_paths(),
             **webhook_paths(key),
             **schedule_paths(key),
@@ -2005,6 +2067,8 @@ def document(settings: Settings) -> dict[str, Any]:
                 "RunRequest": RUN_REQUEST,
                 "WorkflowRequest": WORKFLOW_REQUEST,
                 "Answer": ANSWER_SCHEMA,
+                "Answers": ANSWERS_SCHEMA,
+                "Answered": ANSWERED_SCHEMA,
                 "EventBody": EVENT_BODY_SCHEMA,
                 "ChatCompletionRequest": CHAT_REQUEST,
                 "ResponsesRequest": RESPONSES_REQUEST,

@@ -9,6 +9,7 @@ synchronous answer is a stream; a key without the preference is `400` and nothin
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +46,23 @@ class Answer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     answer: Any = Field(...)
+
+
+MAX_ANSWERS = 100
+"""The most answers one `POST /api/workflows/answers` carries."""
+
+
+class AnswerOf(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    run_id: UUID = Field(alias="runId")
+    answer: Any = Field(...)
+
+
+class Answers(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    answers: list[AnswerOf] = Field(min_length=1, max_length=MAX_ANSWERS)
 
 
 class EventBody(BaseModel):
@@ -104,6 +122,43 @@ def respond(run_id: str) -> Response | tuple[Response, int, dict[str, str]]:
         except RequestConflict as conflict:
             raise Problem(409, "Conflict", str(conflict), runStatus=run.status) from None
     return started(continuation, place)
+
+
+@bp.post("/workflows/answers")
+@idempotent()
+def respond_many() -> tuple[Response, int]:
+    """The answers to the questions of several waiting runs, written in one transaction
+    (`WorkflowResumes.respond_many`); `200` with each one's outcome, in order: `202` and the
+    run that continues its chain, `404` (not a workflow run of the tenant), or `409` (it waits
+    for no answer). The continuations are bound to no connection, as under `respond-async`;
+    answering twice answers once (the second is a `409`)."""
+    body: Answers = parse_body(Answers)
+    rt = runtime()
+    runs = rt.runs.get_many([str(item.run_id) for item in body.answers], tenant_id())
+    items: list[dict[str, Any]] = []
+    found: list[tuple[int, Run, Any]] = []
+    for item in body.answers:
+        run = runs.get(str(item.run_id))
+        if run is None or run.kind != "workflow":
+            items.append(
+                {
+                    "runId": str(item.run_id),
+                    "status": 404,
+                    "detail": f"no workflow run '{item.run_id}'",
+                }
+            )
+        else:
+            items.append({"runId": run.id})
+            found.append((len(items) - 1, run, item.answer))
+    outcomes = rt.workflow_resumes.respond_many(
+        [(run, answer) for _, run, answer in found], resumable=True
+    )
+    for (index, run, _), outcome in zip(found, outcomes, strict=True):
+        if isinstance(outcome, RequestConflict):
+            items[index] |= {"status": 409, "detail": str(outcome), "runStatus": run.status}
+        else:
+            items[index] |= {"status": 202, "continuationRunId": outcome.id}
+    return jsonify({"items": items}), 200
 
 
 @bp.post("/workflows/runs/<run_id>/events/<name>")

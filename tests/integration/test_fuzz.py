@@ -50,6 +50,7 @@ QUERY_NAMES = ["status", "agent", "sessionId", "limit", "cursor", "runId", "incl
 BODY_ROUTES = [
     "/api/agents/demo/run",
     "/api/workflows/none/run",
+    "/api/workflows/answers",
     "/api/approvals/none/decision",
     "/api/webhooks",
     "/v1/chat/completions",
@@ -227,6 +228,7 @@ def test_after_is_checked_when_last_event_id_wins(client: FlaskClient, key: str)
 
 KEYED = [
     "POST /api/agents/{name}/run",
+    "POST /api/workflows/answers",
     "POST /api/approvals/{id}/decision",
     "POST /api/webhooks/{id}/rotate-secret",
     "POST /v1/chat/completions",

@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 
 from tests import workflows
 from tests.helpers import MakeRuntime, ThreadWorker, auth, scripted_agent, wait_for_status
-from tracon_jobs.runs.store import NewRun
+from tracon_jobs.runs.store import NewRun, RunFilter
 from tracon_jobs.runtime import Runtime
 from web import create_app
 
@@ -194,6 +194,7 @@ def test_the_run_starting_routes_answer_503_while_draining(runtime: Runtime) -> 
         "/api/workflows/runs/x/respond",
         "/api/workflows/runs/x/resume",
         "/api/workflows/runs/x/events/paid",
+        "/api/workflows/answers",
     ):
         response = client.post(path, json={}, headers=auth(key, **ASYNC))
         assert response.status_code == 503 and response.headers["Retry-After"]
@@ -325,3 +326,118 @@ def run_output(runtime: Runtime, run_id: str) -> Any:
     run = runtime.runs.get(run_id)
     assert run is not None
     return run.output
+
+
+# -- answers in bulk: POST /api/workflows/answers -----------------------------------------
+
+
+def test_answers_in_bulk_continue_each_chain_and_one_that_cannot_changes_no_other(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key, other = key_of(runtime, "acme"), key_of(runtime, "globex")
+    waiting = [start_waiting(client, key) for _ in range(3)]
+    theirs = start_waiting(client, other)
+    done = client.post(
+        "/api/workflows/three-nodes/run", json={"input": {}}, headers=auth(key, **ASYNC)
+    ).get_json()["runId"]
+    wait_for_status(client, key, done, "Completed", timeout=15)
+
+    # When one request answers three waiting runs, one of them twice, a completed run, another
+    # tenant's waiting run and a run that does not exist
+    answers = [
+        {"runId": waiting[0], "answer": {"ok": True}},
+        {"runId": done, "answer": 1},
+        {"runId": waiting[1], "answer": 2},
+        {"runId": theirs, "answer": 3},
+        {"runId": waiting[0], "answer": "again"},
+        {"runId": "00000000-0000-4000-8000-000000000000", "answer": 4},
+        {"runId": waiting[2], "answer": None},
+    ]
+    response = client.post("/api/workflows/answers", json={"answers": answers}, headers=auth(key))
+
+    # Then each gets its own outcome, in order: the waiting ones continue, once each
+    assert response.status_code == 200
+    items = response.get_json()["items"]
+    assert [(item["runId"], item["status"]) for item in items] == [
+        (waiting[0], 202),
+        (done, 409),
+        (waiting[1], 202),
+        (theirs, 404),
+        (waiting[0], 409),
+        (answers[5]["runId"], 404),
+        (waiting[2], 202),
+    ]
+    assert items[1]["runStatus"] == "Completed" and "not waiting" in items[1]["detail"]
+    for index in (0, 2, 6):
+        continued = wait_for_status(
+            client, key, items[index]["continuationRunId"], "Completed", timeout=15
+        )
+        assert continued["continuedFromRunId"] == items[index]["runId"]
+        assert continued["output"] == {"result": sum(range(100))}
+        answered = client.get(f"/api/runs/{items[index]['runId']}", headers=auth(key))
+        assert answered.get_json()["status"] == "Completed"
+    # And the other tenant's run still waits, unanswered; the completed run has no continuation
+    assert client.get(f"/api/runs/{theirs}", headers=auth(other)).get_json()["status"] == "Waiting"
+    continuations = [
+        run.id
+        for run in runtime.runs.page(
+            runtime.tenants.ensure_tenant("acme"), RunFilter(), limit=100, before=None
+        )
+        if run.continued_from_run_id is not None
+    ]
+    assert len(continuations) == 3
+    # And a retry of the whole request answers nothing again
+    retried = client.post("/api/workflows/answers", json={"answers": answers}, headers=auth(key))
+    assert [item["status"] for item in retried.get_json()["items"]] == [
+        409,
+        409,
+        409,
+        404,
+        409,
+        404,
+        409,
+    ]
+
+
+def test_answers_in_bulk_under_a_key_replay_their_outcomes(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key = key_of(runtime, "acme")
+    waiting = start_waiting(client, key)
+    body = {"answers": [{"runId": waiting, "answer": 1}]}
+    headers = auth(key, **{"Idempotency-Key": "bulk-1"})
+
+    first = client.post("/api/workflows/answers", json=body, headers=headers)
+    again = client.post("/api/workflows/answers", json=body, headers=headers)
+
+    assert first.status_code == again.status_code == 200
+    assert again.headers["Idempotency-Replayed"] == "true"
+    assert again.get_json() == first.get_json()
+    assert first.get_json()["items"][0]["status"] == 202
+
+
+SOME_ID = "00000000-0000-4000-8000-000000000000"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "answers"),
+        ({"answers": []}, "answers"),
+        ({"answers": [{"runId": SOME_ID}]}, "answers.0.answer"),
+        ({"answers": [{"answer": 1}]}, "answers.0.runId"),
+        ({"answers": [{"runId": "x", "answer": 1}]}, "answers.0.runId"),
+        ({"answers": [{"runId": SOME_ID, "answer": 1, "extra": 1}]}, "answers.0.extra"),
+        ({"answers": [{"runId": SOME_ID, "answer": 1}] * 101}, "answers"),
+    ],
+)
+def test_bad_bulk_answers_are_400_naming_the_field_and_answer_nothing(
+    client: FlaskClient, runtime: Runtime, body: dict[str, Any], field: str
+) -> None:
+    key = key_of(runtime, "acme")
+
+    response = client.post("/api/workflows/answers", json=body, headers=auth(key))
+
+    assert response.status_code == 400
+    assert response.mimetype == "application/problem+json"
+    assert response.get_json()["field"] == field

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -95,6 +96,27 @@ class WorkflowResumes:
         request that answers is bound to no connection (`Prefer: respond-async`)."""
         with submission(self._continuation(run, run.attempt, resumable)) as new:
             return self._send(self.store.answer(run, answer, new))
+
+    def respond_many(
+        self, answers: Sequence[tuple[Run, Any]], *, resumable: bool
+    ) -> list[Run | RequestConflict]:
+        """`respond` to several waiting runs at once: one transaction for all their answers
+        (`WorkflowStore.answer_many`), then each continuation sent. For each, in order: the
+        run that continues it, or the `RequestConflict` that left it unanswered."""
+        if not answers:
+            return []
+        with ExitStack() as spans:
+            news = [
+                spans.enter_context(submission(self._continuation(run, run.attempt, resumable)))
+                for run, _ in answers
+            ]
+            outcomes = self.store.answer_many(
+                [(run, answer, new) for (run, answer), new in zip(answers, news, strict=True)]
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, Run):
+                    self._send(outcome)
+        return outcomes
 
     def fire_due(self, now: datetime, ahead: timedelta = timedelta(0)) -> int:
         """Answer every timer and event timeout due by `now` (of runs still `Waiting`), each

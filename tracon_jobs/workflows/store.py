@@ -584,7 +584,6 @@ class WorkflowStore:
         and write the run that continues it. `timed_out`: an event wait's timeout answers
         it; `buffered` (chain id, name): the answer is the oldest event kept for the chain
         under that name, taken in the same transaction (`RequestConflict` when none is)."""
-        events: list[Event] = []
         with self.db.write() as session:
             if buffered is not None:
                 clock = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
@@ -592,35 +591,72 @@ class WorkflowStore:
                 if taken is None:
                     raise RequestConflict(f"no event '{buffered[1]}' is kept for run '{run.id}'")
                 answer = taken[0]
-            result: dict[str, Any] = {"value": answer}
-            if timed_out:
-                result["timedOut"] = True
-            where = [NODES.c.run_id == run.id, NODES.c.status == "asked", NODES.c.kind == kind]
-            if node is not None:
-                where.append(NODES.c.node == node)
-            found = session.execute(
-                update(NODES)
-                .where(*where)
-                .values(status="answered", result=result, answered_at=_NOW)
-                .returning(NODES.c.node, NODES.c.answered_at),
-                self.db.clock_params(),
-            ).one_or_none()
-            if found is None:
-                raise RequestConflict(f"run '{run.id}' is not waiting for {_WAITED[kind]}")
-            answered, now = found  # the database's time, read by the update itself
-            output = {"continuedIn": new.id}
-            closing = [
-                ("RunContinued", {"node": answered, "continuationRunId": new.id}),
-                ("RunCompleted", {"status": "Completed", "output": output}),
-            ]
-            closed = self.runs.close_answered_in(session, run.id, now, output, closing)
-            if closed is None:
-                raise RequestConflict(f"run '{run.id}' is no longer waiting")
-            events += closed
-            created, queued = self.runs.create_in(session, new)
-            events.append(queued)
+            created, events = self._answer_in(session, run, answer, new, kind, node, timed_out)
         self.runs.publish_all(events)
         return created
+
+    def answer_many(
+        self, answers: Sequence[tuple[Run, Any, NewRun]]
+    ) -> list[Run | RequestConflict]:
+        """The people's answers to the questions of several waiting runs (`ask` nodes), in one
+        transaction: each as `answer` writes it, in a savepoint of its own, so one that
+        conflicts (its run waits for nothing, another answer won) changes nothing and the
+        others are written. For each, in order: the run that continues it, or the conflict."""
+        outcomes: list[Run | RequestConflict] = []
+        events: list[Event] = []
+        with self.db.write() as session:
+            for run, answer, new in answers:
+                try:
+                    with session.begin_nested():
+                        created, written = self._answer_in(
+                            session, run, answer, new, "ask", None, False
+                        )
+                except RequestConflict as conflict:
+                    outcomes.append(conflict)
+                    continue
+                outcomes.append(created)
+                events += written
+        self.runs.publish_all(events)
+        return outcomes
+
+    def _answer_in(
+        self,
+        session: Session,
+        run: Run,
+        answer: Any,
+        new: NewRun,
+        kind: str,
+        node: str | None,
+        timed_out: bool,
+    ) -> tuple[Run, list[Event]]:
+        """`answer`'s writes in `session`: the node answered, the run closed, its continuation
+        written; the continuation and the events to publish once committed."""
+        result: dict[str, Any] = {"value": answer}
+        if timed_out:
+            result["timedOut"] = True
+        where = [NODES.c.run_id == run.id, NODES.c.status == "asked", NODES.c.kind == kind]
+        if node is not None:
+            where.append(NODES.c.node == node)
+        found = session.execute(
+            update(NODES)
+            .where(*where)
+            .values(status="answered", result=result, answered_at=_NOW)
+            .returning(NODES.c.node, NODES.c.answered_at),
+            self.db.clock_params(),
+        ).one_or_none()
+        if found is None:
+            raise RequestConflict(f"run '{run.id}' is not waiting for {_WAITED[kind]}")
+        answered, now = found  # the database's time, read by the update itself
+        output = {"continuedIn": new.id}
+        closing = [
+            ("RunContinued", {"node": answered, "continuationRunId": new.id}),
+            ("RunCompleted", {"status": "Completed", "output": output}),
+        ]
+        events = self.runs.close_answered_in(session, run.id, now, output, closing)
+        if events is None:
+            raise RequestConflict(f"run '{run.id}' is no longer waiting")
+        created, queued = self.runs.create_in(session, new)
+        return created, [*events, queued]
 
     def resume(self, run: Run, new: NewRun) -> Run:
         """Start the run that resumes a failed workflow run, at most once per failed run."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import (
@@ -18,6 +19,7 @@ from tracon_jobs.runs.store.statements import (
     _EVENTS_AFTER,
     _RUN_BY_ID,
     _RUN_OF_TENANT,
+    _RUNS_BY_ID,
     _detached_run,
 )
 from tracon_jobs.runs.store.values import (
@@ -41,6 +43,15 @@ class RunQueries:
         if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
             return None
         return _detached_run(row._asdict())
+
+    def get_many(self, run_ids: Sequence[str], tenant_id: str) -> dict[str, Run]:
+        """The tenant's runs among `run_ids`, by id, in one read (as `get` builds each); an id
+        that is not there, or not the tenant's, is missing from the answer."""
+        if not run_ids:
+            return {}
+        with self.db.read_connection() as connection:
+            rows = connection.execute(_RUNS_BY_ID, {"p_ids": list(set(run_ids))}).all()
+        return {row.id: _detached_run(row._asdict()) for row in rows if row.tenant_id == tenant_id}
 
     def exists(self, run_id: str, tenant_id: str) -> bool:
         """Whether the tenant has this run: one indexed read, no row loaded."""

@@ -200,6 +200,7 @@ _QUOTAS = cast(Table, TenantQuotaOverride.__table__)
 _TENANTS = cast(Table, Tenant.__table__)
 
 _RUN_BY_ID = select(*RUNS.c).where(RUNS.c.id == bindparam("p_id"))
+_RUNS_BY_ID = select(*RUNS.c).where(RUNS.c.id.in_(bindparam("p_ids", expanding=True)))
 _RUN_OF_TENANT = select(RUNS.c.id).where(
     RUNS.c.id == bindparam("p_id"), RUNS.c.tenant_id == bindparam("p_tenant")
 )
