@@ -19,7 +19,8 @@ workflows enqueued by a `DBOSClient`. Every step of both writes a row of `b10_ef
   CPU is (3-step - 0-step) / 3, the fixed CPU a workflow is the rest.
 - **W3 parked waits, then bulk answers**: `--parked` workflows each wait for an answer
   (`ctx.ask`; `DBOS.recv` on a topic), are held `--hold` seconds, then all answered from the
-  client threads (the respond route; `DBOSClient.send`). Threads of the worker process (the
+  client threads (tracon: `--answer-batch` answers a `POST /api/workflows/answers`, or the
+  respond route with 1; DBOS: `DBOSClient.send`, one a call). Threads of the worker process (the
   DBOS process) while parked over idle, seconds to answer all, answer-to-completion p50.
 - **Recovery after kill -9**: `--recovery-runs` workflows with a slow step (`--slow-step` s);
   once `--kill-at` of them completed, one process is killed with SIGKILL (tracon: one of two
@@ -230,7 +231,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     add(
         "--answer-batch",
         type=int,
-        default=50,
+        default=100,
         help="W3: answers a request carries on tracon's side (POST /api/workflows/answers; 1: "
         "the respond route, a request each); DBOS sends each with DBOSClient.send",
     )

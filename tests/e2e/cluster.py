@@ -7,10 +7,10 @@ tests wait for facts (a worker's "ready.", a request in the access log) instead 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,16 +103,9 @@ def _answers(url: str) -> bool:
         return False
 
 
-def wait_until(
-    ready: Callable[[], bool],
-    *,
-    what: str,
-    timeout: float,
-    watch: Iterable[Child] = (),
-    interval: float = 0.05,
-) -> float:
-    """`tests.helpers.wait_until`, at a slower look for facts that other processes make."""
-    return helpers.wait_until(ready, what=what, timeout=timeout, watch=watch, interval=interval)
+wait_until = functools.partial(helpers.wait_until, interval=0.05)
+"""`tests.helpers.wait_until`, looking less often: the facts waited for here are other
+processes'."""
 
 
 def wait_for_log(process: Process, needle: str, *, timeout: float) -> None:
