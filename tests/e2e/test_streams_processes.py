@@ -111,9 +111,9 @@ def test_open_streams_leave_the_api_its_threads_and_every_follower_gets_every_ev
         # While forty streams are open on two threads, everything else answers at once
         for path in ("/healthz", "/readyz"):
             status, seconds = timed_get(base + path)
-            assert status == 200 and seconds < 2.0, (path, status, seconds)
+            assert status == 200 and seconds < 5.0, (path, status, seconds)
         status, seconds = timed_get(base + "/api/runs", headers)
-        assert status == 200 and seconds < 2.0, (status, seconds)
+        assert status == 200 and seconds < 5.0, (status, seconds)
         assert not any(f.done() for f in followers)
 
         cluster.worker("w1")

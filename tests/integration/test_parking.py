@@ -184,7 +184,7 @@ def test_a_run_that_waited_past_park_after_for_a_slot_parks_and_goes_on_later(
 
     # Then the run is parked (no event of a call started), its thread free
     assert outcome == "Queued"
-    assert time.monotonic() - began < 2
+    assert time.monotonic() - began < 10  # not the slot's 60 s
     parked = [e for e in runtime.runs.events(run_id) if e.type == "RunParked"]
     assert len(parked) == 1 and parked[0].data["reason"] == "concurrency_slot"
     assert "ModelCallStarted" not in types(runtime, run_id)

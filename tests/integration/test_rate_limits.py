@@ -240,12 +240,12 @@ def test_a_provider_without_limits_makes_no_rate_limit_call(
 ) -> None:
     runtime = make_runtime(sql_url, **limited_agent(stub_provider))
     assert runtime.executor.rate_limits.limits == {}
-    spent = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "5s"}
+    spent = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "30s"}
     stub_provider.enqueue(Reply("ok", headers=spent))
     assert run_once(runtime).status == "Completed"
     started = time.monotonic()
     assert run_once(runtime).status == "Completed"
-    assert time.monotonic() - started < 2  # nothing learned where nothing is limited
+    assert time.monotonic() - started < 10  # nothing learned where nothing is limited (30 s)
 
 
 def test_a_cached_answer_takes_no_place_in_the_rate_limit(
@@ -259,7 +259,7 @@ def test_a_cached_answer_takes_no_place_in_the_rate_limit(
 
     again = run_once(runtime)  # the same request: answered from the cache
 
-    assert again.status == "Completed" and time.monotonic() - started < 2
+    assert again.status == "Completed" and time.monotonic() - started < 20  # not the 60 s window
     assert len(stub_provider.requests) == 1
 
 

@@ -296,4 +296,4 @@ def test_a_body_kept_open_after_the_last_event_costs_a_moment_not_the_call(
     answer = provider.stream(REQUEST, AbortSignal(), lambda piece: None)
 
     assert answer.text == "all of it"
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 4.0  # not the body's 5 s

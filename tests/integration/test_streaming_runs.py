@@ -60,7 +60,6 @@ def test_a_streamed_answer_goes_out_live_in_order_and_is_stored_whole(
     listening = runtime.live_text.listen(deltas, lambda: None)
     try:
         stub_provider.enqueue(Reply(ANSWER, chunks=12, chunk_delay=0.05))
-        started = time.monotonic()
         run = run_once(runtime)
         ended = time.monotonic()
         time.sleep(0.2)  # the last publications on their way
@@ -76,8 +75,11 @@ def test_a_streamed_answer_goes_out_live_in_order_and_is_stored_whole(
         assert delta.offset == offset and not delta.withdrawn
         offset += len(delta.text)
     assert b"".join(d.text for d in mine) == ANSWER.encode()
-    first_at = min(at for at, d in deltas.seen if d.run_id == run.id)
-    assert first_at - started < (ended - started) / 2, "the first delta came late in the call"
+    # out as the provider wrote its 12 chunks over 0.55 s, not at once when the call ended (the
+    # spread says it: on a loaded machine the run itself may start late)
+    times = [at for at, d in deltas.seen if d.run_id == run.id]
+    assert max(times) - min(times) > 0.2, "the deltas went out at once"
+    assert min(times) < ended
     events = runtime.runs.events(run.id)
     started_call = next(e for e in events if e.type == "ModelCallStarted")
     assert {d.call_seq for d in mine} == {started_call.seq}

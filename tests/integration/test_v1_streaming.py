@@ -70,8 +70,11 @@ def test_chat_completions_stream_the_answer_as_it_is_written(
     assert text == ANSWER
     assert len(arrivals) >= 3, f"the answer came in {len(arrivals)} deltas"
     provider_time = CHUNKS * CHUNK_DELAY
-    assert arrivals[0][0] < provider_time * 0.6, (
-        f"the first delta came at {arrivals[0][0]:.2f} s of a {provider_time:.1f} s answer"
+    # written as the provider wrote it, over its 2.4 s, not at once when the call ended (on a
+    # loaded machine the run may start late: the spread is what says it, not the first delta)
+    spread = arrivals[-1][0] - arrivals[0][0]
+    assert spread > provider_time * 0.4, (
+        f"the deltas came within {spread:.2f} s of each other, of a {provider_time:.1f} s answer"
     )
     assert usage is not None and usage.completion_tokens > 0
 
