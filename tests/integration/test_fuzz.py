@@ -228,7 +228,6 @@ def test_after_is_checked_when_last_event_id_wins(client: FlaskClient, key: str)
 
 KEYED = [
     "POST /api/agents/{name}/run",
-    "POST /api/workflows/answers",
     "POST /api/approvals/{id}/decision",
     "POST /api/webhooks/{id}/rotate-secret",
     "POST /v1/chat/completions",
@@ -294,6 +293,7 @@ SCHEMATHESIS_CONFIG: dict[str, Any] = {
                 "POST /api/webhooks",
                 "PATCH /api/webhooks/{id}",
                 "POST /api/schedules",
+                "POST /api/workflows/answers",
             ],
             "checks": {
                 "positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "400", "422"]}
@@ -305,7 +305,10 @@ SCHEMATHESIS_CONFIG: dict[str, Any] = {
 know: a `cursor` this API did not return (400), an `Idempotency-Key` it saw with another
 body (422), a webhook URL the destination policy refuses for what its host is (a literal
 private address) or that the URL parser refuses, a schedule's cron, interval or zone text,
-or its one-of-cron-and-interval rule (400: a pattern cannot state either). Half
+or its one-of-cron-and-interval rule (400: a pattern cannot state either), a lone surrogate in
+a string of the free-form answers of `POST /api/workflows/answers` (400: refused in every
+string at any depth, as NUL is below; the lowest schemathesis allowed generates them there,
+and that route reads its body before any run). Half
 the generated agent names, run ids, approval ids, webhook endpoint and delivery ids name ones
 that exist, so that the answers about real ones are checked too."""
 
