@@ -135,23 +135,24 @@ def test_another_tenants_backlog_delays_a_run_by_about_one_run_per_slot(
     runtime = start(make_cluster, make_runtime, sqlite_url, config_for(stub))
     a = runtime.tenants.ensure_tenant("a")
     b = runtime.tenants.ensure_tenant("b")
-    # Given tenant A's 400 runs queued (about 5 s of work for 4 slots at 50 ms a run)
+    # Given tenant A's 400 runs queued (about 5 s of work for 4 slots at 50 ms a run; a loaded
+    # machine works some of them off while the rest are submitted)
     a_runs = [submit(runtime, a, f"a-{n}") for n in range(400)]
-    depth = runtime.fair_store.depth()
-    assert depth.lined > 300, depth  # A's backlog waits in its line, not in the run queue
+    lined = runtime.fair_store.depth().lined
+    assert lined > 150, lined  # A's backlog waits in its line, not in the run queue
     # When tenant B submits 4 runs
+    a_before = len(answers.arrived())
     submitted = time.monotonic()
     b_runs = [submit(runtime, b, f"b-{n}") for n in range(4)]
     wait_until(lambda: completed(runtime, b_runs) == 4, timeout=30, what="B's runs completed")
     took = time.monotonic() - submitted
-    # Then they completed within about one run's time per slot (what the worker was busy
-    # with, what was on its way), while most of A's backlog still waited
-    a_done = completed(runtime, a_runs)
-    assert took < 4.0, f"B's runs took {took:.2f}s"  # not A's backlog's 5 s
-    assert a_done < 200, f"{a_done} of A's runs completed first"
+    # Then B's first call came after at most a few of A's per slot (what the worker was busy
+    # with, what was on its way), not after A's backlog; and most of the backlog still waited
     arrived = answers.arrived()
     b_first = min(arrived.index(f"b-{n}") for n in range(4))
-    assert b_first <= a_done + 4 * SLOTS
+    assert b_first - a_before <= 4 * SLOTS, (b_first, a_before, lined)
+    assert took < 4.0, f"B's runs took {took:.2f}s"  # not A's backlog's (2 s and more)
+    assert runtime.fair_store.depth().lined > lined // 2
     wait_until(lambda: completed(runtime, a_runs) == 400, timeout=60, what="A's runs completed")
 
 
