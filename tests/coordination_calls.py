@@ -118,6 +118,7 @@ CALL_SITES: dict[str, Callable[[Stores], object]] = {
     "fair_share (offer)": lambda s: s.fair.offer("run-1", "tenant-a", 5, None),
     "fair_share (register)": lambda s: s.fair.register("worker-1", 4, {"tenant-a": 1}),
     "fair_share (take)": lambda s: s.fair.take("run-1"),
+    "fair_share (done)": lambda s: s.fair.done("run-1"),
     "fair_share (leave)": lambda s: s.fair.leave("worker-1"),
 }
 """Call site -> the call, in an order that also makes sense against a real Redis."""
@@ -126,6 +127,7 @@ CROSS_SLOT: dict[str, str] = {
     "fair_share (offer)": "the fair lines are untagged keys next to the broker's list",
     "fair_share (register)": "the fair lines are untagged keys next to the broker's list",
     "fair_share (take)": "the fair lines are untagged keys next to the broker's list",
+    "fair_share (done)": "the fair lines are untagged keys next to the broker's list",
     "fair_share (leave)": "the fair lines are untagged keys next to the broker's list",
 }
 """The call sites whose keys span slots, and why: they stay on `Redis:Url` (one server or a

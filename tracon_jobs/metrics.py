@@ -330,6 +330,8 @@ class FairState:
     lined: dict[str, int]  # tenant id -> runs waiting in its line
     on_their_way: int  # runs sent to the run queue, not yet claimed by a worker
     slots: int | None  # the live workers' registered slots; None: no worker registered
+    running: int = 0  # runs claimed by a worker, holding their places until done
+    reserve: int = 0  # the live workers' reserve threads (`Worker.FairReserve`)
 
 
 class StateCollector(Collector):
@@ -510,14 +512,28 @@ class StateCollector(Collector):
         )
         on_their_way.add_metric([], float(state.on_their_way))
         yield on_their_way
+        running = GaugeMetricFamily(
+            "tracon_fair_running",
+            "Runs claimed by a worker that hold their fair-dispatch places until they end "
+            "(cluster-wide, from Redis)",
+        )
+        running.add_metric([], float(state.running))
+        yield running
         if state.slots is not None:
             slots = GaugeMetricFamily(
                 "tracon_worker_slots",
-                "Slots the live workers registered for fair dispatch: the sum of their pools' "
-                "sizes (cluster-wide, from Redis)",
+                "Slots the live workers registered for fair dispatch, which lined runs share: "
+                "their pools' sizes less the reserve threads (cluster-wide, from Redis)",
             )
             slots.add_metric([], float(state.slots))
             yield slots
+            reserve = GaugeMetricFamily(
+                "tracon_worker_fair_reserve",
+                "Threads the live workers keep beyond their slots for runs of tenants without "
+                "a fair-dispatch line (Worker.FairReserve; cluster-wide, from Redis)",
+            )
+            reserve.add_metric([], float(state.reserve))
+            yield reserve
         try:
             names = self._tenant_names(state.lined)
         except Exception:  # SQL down: tracon_state_up{source="sql"} says so already

@@ -129,7 +129,7 @@ class Runtime:
         # connections") at a hundred runs in flight.
         self.redis = redis_client(
             settings.redis,
-            max_connections=REDIS_CONNECTIONS_SPARE + 2 * settings.worker.concurrency,
+            max_connections=REDIS_CONNECTIONS_SPARE + 2 * settings.worker.threads,
         )
         self.feed = feed or RedisEventFeed(self.redis)
         self.tenants = TenantStore(self.db)
@@ -189,7 +189,7 @@ class Runtime:
         each gets the cap of `self.redis`'s one pool."""
         cluster = coordination_client(
             self.settings.redis,
-            max_connections=REDIS_CONNECTIONS_SPARE + 2 * self.settings.worker.concurrency,
+            max_connections=REDIS_CONNECTIONS_SPARE + 2 * self.settings.worker.threads,
         )
         return self.redis if cluster is None else cluster
 
@@ -286,6 +286,8 @@ class Runtime:
             self.tenants.weights,
             self.dispatcher.send_all,
             self.draining,
+            reserve=self.settings.worker.fair_reserve,
+            running=lambda: self.live_runs.snapshot().keys(),
         )
 
     @cached_property
@@ -571,7 +573,7 @@ class Runtime:
         if run is None or RunStatus(run.status).is_terminal:
             return []
         return cancel_tree(
-            self.runs, self.cancel_bus, self.approval_store, run, self.dispatcher.taken
+            self.runs, self.cancel_bus, self.approval_store, run, self.dispatcher.done
         )
 
     def open_connections(self) -> None:
@@ -580,7 +582,7 @@ class Runtime:
         connections are not opened ahead: each counts against the server's
         `max_connections`, and a thread opens one when it first needs one
         (`Database.MaxConnections`; measured with B2, docs/benchmark-history.md)."""
-        count = self.settings.worker.concurrency
+        count = self.settings.worker.threads
         pool = self.redis.connection_pool
         opened: list[Any] = []
         try:

@@ -159,7 +159,7 @@ def state_collector(runtime: Runtime, draining: Callable[[], bool]) -> StateColl
     def fair() -> FairState:
         store = runtime.fair_store
         depth = store.depth()
-        return FairState(store.lines(), depth.sent, depth.slots)
+        return FairState(store.lines(), depth.sent, depth.slots, depth.running, depth.reserve)
 
     return StateCollector(
         runtime.db,

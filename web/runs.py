@@ -301,5 +301,5 @@ def cancel_run(run_id: str) -> tuple[Response, int]:
             409, "Conflict", f"run '{run_id}' already ended ({run.status})", runStatus=run.status
         )
     rt = runtime()
-    reached = cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, run, rt.dispatcher.taken)
+    reached = cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, run, rt.dispatcher.done)
     return jsonify({"runId": run_id, "status": "CancelRequested", "runs": reached}), 202

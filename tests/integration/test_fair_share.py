@@ -26,8 +26,13 @@ LOST_MS = 60_000
 
 
 @pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest, redis_client: redis.Redis) -> FairStore:
-    if request.param == "memory":
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store(store_kind: str, redis_client: redis.Redis) -> FairStore:
+    if store_kind == "memory":
         return MemoryFairStore(LOST_MS)
     return RedisFairStore(redis_client, LOST_MS)
 
@@ -52,9 +57,9 @@ def test_a_backlog_lines_up_behind_the_slots_and_another_tenant_goes_next(
     # When tenant B submits one run
     assert offer(store, "b0", "B") is Offered.LINED
     # Then the next place that frees goes to B's run, not to A's 8 lined before it
-    assert store.take("a0") == ["b0"]
-    assert store.take("a1") == ["a2"]
-    assert store.take("b0") == ["a3"]
+    assert store.done("a0") == ["b0"]
+    assert store.done("a1") == ["a2"]
+    assert store.done("b0") == ["a3"]
     depth = store.depth()
     assert (depth.sent, depth.lined, depth.tenants, depth.slots) == (2, 6, 1, 2)
 
@@ -67,7 +72,7 @@ def test_weights_divide_the_places_among_tenants_with_lines(store: FairStore) ->
     started: list[str] = []
     run = "a0"  # the one sent at once
     for _ in range(40):
-        (run,) = store.take(run)
+        (run,) = store.done(run)
         started.append(run)
     by_tenant = Counter(r[0] for r in started)
     assert by_tenant == {"a": 30, "b": 10}
@@ -83,7 +88,7 @@ def test_a_higher_priority_goes_first_within_its_tenants_share(store: FairStore)
     order = []
     run = "a0"
     for _ in range(6):
-        (run,) = store.take(run)
+        (run,) = store.done(run)
         order.append(run)
     assert order == ["urgent", "a1", "a2", "a3", "a4", "later"]
 
@@ -99,7 +104,7 @@ def test_a_tenant_back_after_an_idle_spell_keeps_what_it_used(store: FairStore) 
         offer(store, f"b{i}", "B")
     run, started = "a0", []
     for _ in range(8):
-        (run,) = store.take(run)
+        (run,) = store.done(run)
         started.append(run)
     # a0 was A's (sent at once): B's runs go first, then they alternate
     assert started == ["b0", "a1", "b1", "a2", "b2", "a3", "a4", "a5"]
@@ -126,9 +131,12 @@ def test_a_run_claimed_from_a_stale_message_leaves_its_line(store: FairStore) ->
     offer(store, "a0", "A")
     offer(store, "a1", "A")
     offer(store, "a2", "A")
-    assert store.take("a2") == []  # an old message of a2 reached a worker first
-    assert store.take("a0") == ["a1"]
-    assert store.take("a1") == []
+    assert store.take("a2") == []  # an old message of a2 reached a worker first: it runs
+    assert store.depth().lined == 1 and store.depth().running == 1
+    assert store.done("a2") == []  # a0 still holds the one place
+    assert store.take("a0") == []
+    assert store.done("a0") == ["a1"]
+    assert store.done("a1") == []
     assert store.depth().lined == 0
 
 
@@ -141,8 +149,8 @@ def test_a_worker_that_leaves_takes_its_slots_with_it(store: FairStore) -> None:
         Offered.LINED,
     ]
     store.leave("w2")
-    assert store.take("a0") == []  # one slot left, a1 still on its way
-    assert store.take("a1") == ["a2"]
+    assert store.done("a0") == []  # one slot left, a1 still on its way
+    assert store.done("a1") == ["a2"]
     store.leave("w1")  # no worker: the lines wait for one
     offer(store, "a3", "A")
     assert store.depth().slots is None
@@ -159,7 +167,7 @@ def test_the_redis_store_pushes_the_messages_it_kept_to_the_run_queue(
     assert (first.outcome, first.to_send) == (Offered.SENT, [])
     assert (second.outcome, second.to_send) == (Offered.LINED, [])
     assert redis_client.lrange("q", 0, -1) == [b"message a0"]
-    assert store.take("a0") == []
+    assert store.done("a0") == []
     assert redis_client.lrange("q", 0, -1) == [b"message a1", b"message a0"]
     assert redis_client.hlen("tracon:fair:messages") == 0
 
@@ -178,7 +186,7 @@ def test_lines_count_each_tenants_lined_runs_and_change_nothing(store: FairStore
     depth = store.depth()
     assert (depth.sent, depth.lined, depth.tenants) == (1, 5, 2)
     # and a run that leaves its line (sent, or claimed from a stale message) leaves the count
-    assert store.take("a0") == ["b0"]
+    assert store.done("a0") == ["b0"]
     assert store.lines() == {"A": 3, "B": 1}
     store.take("a3")  # a stale message of a run still lined, claimed first
     assert store.lines() == {"A": 2, "B": 1}
@@ -189,7 +197,7 @@ def test_a_tenant_whose_line_emptied_is_not_in_the_lines(store: FairStore) -> No
     offer(store, "a0", "A")
     offer(store, "b0", "B")
     assert store.lines() == {"B": 1}
-    assert store.take("a0") == ["b0"]
+    assert store.done("a0") == ["b0"]
     assert store.lines() == {}
     assert store.depth().lined == 0
 
@@ -242,11 +250,84 @@ def test_a_lined_run_canceled_leaves_its_line(
     run = runtime.runs.get(second)
     assert run is not None
     cancel_tree(
-        runtime.runs, runtime.cancel_bus, runtime.approval_store, run, runtime.dispatcher.taken
+        runtime.runs, runtime.cancel_bus, runtime.approval_store, run, runtime.dispatcher.done
     )
     # Then it left the line (nothing of it is ever sent) and the third keeps its turn
     assert store.store.depth().lined == 1
     canceled = runtime.runs.get(second)
     assert canceled is not None and canceled.status == "Canceled"
-    runtime.dispatcher.taken(first)  # the first one's claim
+    runtime.dispatcher.taken(first)  # the first one's claim: it runs, its place taken
+    assert sent == [first]
+    runtime.dispatcher.done(first)  # and its end
     assert sent == [first, third]
+
+
+def test_a_claimed_run_keeps_its_place_until_it_is_done(store: FairStore) -> None:
+    store.register("w1", 1, {})
+    assert offer(store, "a0", "A") is Offered.SENT
+    assert offer(store, "a1", "A") is Offered.LINED
+    # claimed: running, no longer on its way, but its place is still taken
+    assert store.take("a0") == []
+    depth = store.depth()
+    assert (depth.sent, depth.running, depth.lined) == (0, 1, 1)
+    assert store.done("a0") == ["a1"]
+    assert store.depth().running == 0
+
+
+def test_a_tenant_without_a_line_whose_turn_it_is_starts_on_a_reserve_thread(
+    store: FairStore,
+) -> None:
+    # Given a worker with 1 slot and 1 reserve thread, busy with A's run, A's next lined
+    store.register("w1", 1, {}, reserve=1)
+    assert offer(store, "a0", "A") is Offered.SENT
+    assert [offer(store, f"a{i}", "A") for i in (1, 2)] == [Offered.LINED] * 2
+    assert store.depth().reserve == 1
+    # When B, with no line, submits: it is its turn, and it goes at once (the reserve)
+    assert offer(store, "b0", "B") is Offered.SENT
+    # Then the reserve is taken: B's next run waits its turn in a line
+    assert offer(store, "b1", "B") is Offered.LINED
+    # and lined runs never get the reserve: B's run ending frees no slot
+    assert store.done("b0") == []
+    assert store.done("a0") == ["a1"]  # (A and B tie on their pass; A's name sorts first)
+    assert store.done("a1") == ["b1"]
+
+
+def test_the_reserve_goes_to_a_tenant_only_while_it_is_not_ahead_of_its_share(
+    store: FairStore,
+) -> None:
+    store.register("w1", 1, {}, reserve=1)
+    assert offer(store, "a0", "A") is Offered.SENT
+    assert offer(store, "a1", "A") is Offered.LINED
+    # C, with no line, takes the reserve run after run while its pass is not ahead of A's
+    assert offer(store, "c0", "C") is Offered.SENT
+    store.done("c0")
+    assert offer(store, "c1", "C") is Offered.SENT
+    store.done("c1")
+    # once ahead of A's line it lines up like anyone (a free reserve notwithstanding)
+    assert offer(store, "c2", "C") is Offered.LINED
+    assert store.done("a0") == ["a1"]
+
+
+def test_a_running_run_its_worker_stops_naming_frees_its_place(
+    store_kind: str, redis_client: redis.Redis
+) -> None:
+    """A worker's registration names the runs it still runs: those keep their places as long
+    as it does; a killed worker's runs free theirs once no registration names them."""
+    store: FairStore = (
+        MemoryFairStore(LOST_MS, gone_after_ms=1000)
+        if store_kind == "memory"
+        else RedisFairStore(redis_client, LOST_MS, gone_after_ms=1000)
+    )
+    store.register("w1", 2, {})
+    assert [offer(store, f"a{i}", "A") for i in range(3)] == [Offered.SENT] * 2 + [Offered.LINED]
+    store.take("a0")
+    store.take("a1")
+    for _ in range(3):  # long runs, named at each registration: their places stay taken
+        time.sleep(0.4)
+        assert store.register("w1", 2, {}, running=["a0", "a1"]) == []
+    time.sleep(0.4)
+    assert store.register("w1", 2, {}, running=["a0"]) == []  # a1 named 0.4 s ago: kept
+    time.sleep(0.7)  # a1 last named 1.1 s ago, a0 0.7 s ago
+    assert store.register("w1", 2, {}, running=["a0", "ghost"]) == ["a2"]
+    depth = store.depth()
+    assert (depth.running, depth.sent) == (1, 1)  # a name of a run not running adds nothing

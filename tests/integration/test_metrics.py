@@ -170,23 +170,30 @@ def test_metrics_show_each_tenants_fair_line_runs_on_their_way_and_workers_slots
     assert value(text, "tracon_worker_slots") is None
     assert value(text, "tracon_fair_on_their_way") == 0
     assert samples(text, "tracon_fair_lined") == []
-    # When a worker registers 2 slots, acme offers 5 runs and globex 1
-    store.register("w1", 2, {})
+    # When a worker registers 2 slots and 1 reserve thread, acme offers 5 runs and globex 1
+    store.register("w1", 2, {}, reserve=1)
     for i in range(5):
         store.offer(f"a{i}", acme, 5, None)
-    store.offer("g0", globex, 5, None)
+    store.offer("g0", globex, 5, None)  # its turn, with no line: the reserve
+    store.offer("g1", globex, 5, None)
+    store.take("a0")
     text = client.get("/metrics").get_data(as_text=True)
-    # Then the lines are counted per tenant by name, with the runs on their way and the slots
+    # Then the lines are counted per tenant by name, with the runs on their way, the runs
+    # running, the slots and the reserve
     assert value(text, "tracon_fair_lined", tenant="acme") == 3
     assert value(text, "tracon_fair_lined", tenant="globex") == 1
     assert value(text, "tracon_fair_on_their_way") == 2
+    assert value(text, "tracon_fair_running") == 1
     assert value(text, "tracon_worker_slots") == 2
+    assert value(text, "tracon_worker_fair_reserve") == 1
     assert "# TYPE tracon_fair_lined gauge\n" in text
-    # and a claim that lets globex's run go leaves globex out of the lines
-    assert store.take("a0") == ["g0"]
+    # and the ends that let globex's run go (its pass ties with acme's) leave globex out of
+    # the lines
+    assert sorted(store.done("a0") + store.done("a1")) == ["a2", "g1"]
     text = client.get("/metrics").get_data(as_text=True)
     assert value(text, "tracon_fair_lined", tenant="globex") is None
-    assert value(text, "tracon_fair_lined", tenant="acme") == 3
+    assert value(text, "tracon_fair_lined", tenant="acme") == 2
+    assert value(text, "tracon_fair_running") == 0
     # and once the worker leaves, no slots are shown
     store.leave("w1")
     text = client.get("/metrics").get_data(as_text=True)

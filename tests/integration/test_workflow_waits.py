@@ -104,7 +104,7 @@ def test_a_canceled_sleeper_never_wakes(make_runtime: MakeRuntime, sql_url: str)
     assert runtime.executor.execute(first) == "Waiting"
 
     rt = runtime  # as the API's cancel does
-    cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, run_of(rt, first), rt.dispatcher.taken)
+    cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, run_of(rt, first), rt.dispatcher.done)
 
     assert run_of(runtime, first).status == "Canceled"
     assert runtime.workflow_resumes.fire_due(runtime.db.now() + timedelta(seconds=5)) == 0

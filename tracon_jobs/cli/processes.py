@@ -168,15 +168,38 @@ def log_level() -> str:
     return os.environ.get("TRACON_LOG_LEVEL", "INFO").upper()
 
 
+def concurrency_with_reserve(rest: list[str], reserve: int) -> list[str]:
+    """Celery's `-c N` (`--concurrency`) given to `tracon-jobs worker` means what
+    `Worker.Concurrency` N does: N slots, and the pool grows by `Worker.FairReserve`."""
+    out: list[str] = []
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg in ("-c", "--concurrency") and i + 1 < len(rest) and rest[i + 1].isdigit():
+            out += [arg, str(int(rest[i + 1]) + reserve)]
+            i += 2
+            continue
+        for flag in ("--concurrency=", "-c"):
+            value = arg[len(flag) :]
+            if arg.startswith(flag) and value.isdigit():
+                arg = f"{flag}{int(value) + reserve}"
+                break
+        out.append(arg)
+        i += 1
+    return out
+
+
 def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     runtime = load_runtime()
     app = celery_with_periodic_tasks(runtime)
     runtime.open_connections()
     runtime.read_before_serving()
+    reserve = runtime.settings.worker.fair_reserve
+    rest = concurrency_with_reserve(rest, reserve)
     argv = [
         "worker",
         "-c",
-        str(runtime.settings.worker.concurrency),
+        str(runtime.settings.worker.threads),
         "-E",
         "-Q",
         "tracon.runs,tracon.control",

@@ -133,14 +133,24 @@ class RunDispatcher:
         self.send_all(offer.to_send, first=run_id)
 
     def taken(self, run_id: str) -> None:
-        """The run no longer waits (a worker claimed it, it was canceled): it leaves its
-        tenant's line, and the runs it makes room for are sent."""
+        """A worker claimed the run: it is running now, its place still taken (a run still
+        in its line, claimed from a stale message, leaves it)."""
         if self.fair is None:
             return
         try:
             self.send_all(self.fair.store.take(run_id))
         except redis.RedisError as exc:  # its place frees itself after Runs.RequeueAfter
             log.warning("fair lines not told of run %s: %s", run_id, exc)
+
+    def done(self, run_id: str) -> None:
+        """The run holds no place any more (it ended or was dropped on a worker, or was
+        canceled in its tenant's line): the runs it makes room for are sent."""
+        if self.fair is None:
+            return
+        try:
+            self.send_all(self.fair.store.done(run_id))
+        except redis.RedisError as exc:  # its place frees itself once no worker names it
+            log.warning("fair lines not told that run %s is done: %s", run_id, exc)
 
     def taken_later(self, run_id: str) -> Later | None:
         """`taken`, sent with this thread's next Redis call on the store's client (inside

@@ -196,13 +196,13 @@ class RunExecutor:
         claimed = self.runs.open_claim(run_id, self.owner_id)
         if claimed is None:
             log.info("run %s is not Queued; delivery acknowledged and dropped", run_id)
-            self._taken(run_id)  # (canceled while in its line, say): its place is free
+            self._done(run_id)  # (canceled while in its line, say): its place is free
             return "dropped"
         claim, run, own_quota = claimed
         own_runs = own_quota.max_concurrent_runs
         if not self.tenant_runs.admit(run.tenant_id, run_id, own_runs):  # nothing written
             self.runs.let_go(claim)
-            self._taken(run_id)
+            self._done(run_id)
             metrics.run_parked("tenant_concurrency")
             log.info("run %s waits: its tenant runs its most at once", run_id)
             return "waiting_for_tenant"
@@ -234,11 +234,19 @@ class RunExecutor:
                 self._give_back_place(run.tenant_id, run_id)
             if taken is not None and self.dispatcher is not None:
                 self.dispatcher.send_handed_over(taken)
+            if not elsewhere:  # (a duplicate that lost the race holds no place)
+                self._done(run_id)
 
     def _taken(self, run_id: str) -> None:
-        """The fair lines hear that a worker took `run_id`; the runs it makes room for go."""
+        """The fair lines hear that a worker took `run_id`: it runs, its place taken."""
         if self.dispatcher is not None:
             self.dispatcher.taken(run_id)
+
+    def _done(self, run_id: str) -> None:
+        """The fair lines hear that `run_id` holds no place here any more; the runs it makes
+        room for go."""
+        if self.dispatcher is not None:
+            self.dispatcher.done(run_id)
 
     def _taken_later(self, run_id: str) -> Later | None:
         """`_taken`, sent with the next Redis call of this thread (or at once)."""

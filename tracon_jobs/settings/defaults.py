@@ -264,6 +264,13 @@ when the file cannot be written."""
 WORKER_CONCURRENCY: Final = 16
 """Threads per worker; runs wait on providers most of the time, so threads are cheap."""
 
+WORKER_FAIR_RESERVE: Final = 1
+"""Threads a worker keeps beyond `Worker.Concurrency` for runs of tenants without a line:
+while other tenants' runs wait in their lines, a tenant whose turn it is starts its run on
+one at once instead of waiting for a slot to free (fair dispatch, docs/reliability.md).
+Lined runs never get them, so a worker runs at most Concurrency + FairReserve runs at once.
+0: none (a returning tenant waits for the next slot to free, about one run's time)."""
+
 WORKER_PREFETCH_MULTIPLIER: Final = 1
 """One message per thread: on Redis a prefetched message of a killed worker is lost until the
 broker's visibility timeout (RabbitMQ gives it back at once), so prefetch as little as possible."""

@@ -381,7 +381,13 @@ class WorkerSettings(ConfigModel):
     """Celery worker sizing."""
 
     concurrency: AtLeastOne = defaults.WORKER_CONCURRENCY
+    fair_reserve: Annotated[WholeNumber, at_least(0)] = defaults.WORKER_FAIR_RESERVE
     prefetch_multiplier: AtLeastOne = defaults.WORKER_PREFETCH_MULTIPLIER
+
+    @property
+    def threads(self) -> int:
+        """The pool's size: the slots lined runs share, and the reserve that they never get."""
+        return self.concurrency + self.fair_reserve
 
 
 class WebSettings(ConfigModel):

@@ -164,7 +164,7 @@ def create_celery(
         task_acks_late=False,
         worker_prefetch_multiplier=settings.worker.prefetch_multiplier,
         worker_pool=WORKER_POOL,
-        worker_concurrency=settings.worker.concurrency,
+        worker_concurrency=settings.worker.threads,
         worker_send_task_events=True,
         worker_direct=True,  # a queue per worker: operators (and tests) can address one
         # Flower follows tasks from the worker's events; a `task-sent` event per run would

@@ -1,6 +1,7 @@
 """A worker's slots in the fair lines (`coordination.fair_share`): registered as the worker
-becomes ready and every few seconds after, with the tenants' weights read from SQL; gone as
-it drains (and, were it killed, when its registration ends).
+becomes ready and every few seconds after, with its reserve threads, the runs it still runs
+(their places stay taken) and the tenants' weights read from SQL; gone as it drains (and,
+were it killed, when its registration ends, its runs' places with it).
 
 Each registration also refills the runs on their way from the lines, so lines that waited
 for a worker (none was alive) move as soon as one is.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery import Celery
@@ -33,11 +34,15 @@ class WorkerCapacity:
         weights: Callable[[], dict[str, int]],
         send: Callable[[list[str]], None],
         draining: threading.Event,
+        reserve: int = 0,
+        running: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self.app = app
         self.store = store
         self.worker = worker
-        self.slots = slots
+        self.slots = slots  # threads lined runs share
+        self.reserve = reserve  # threads beyond them, for runs of tenants without a line
+        self.running = running  # the runs this worker executes now
         self.weights = weights
         self.send = send  # runs handed over that the caller sends (no messages kept)
         self.draining = draining
@@ -50,7 +55,8 @@ class WorkerCapacity:
             # the pool's size, which `-c` on the command line may have set
             pool = getattr(getattr(sender, "controller", None), "concurrency", None)
             if isinstance(pool, int) and pool > 0:
-                self.slots = pool
+                self.reserve = min(self.reserve, pool - 1)
+                self.slots = pool - self.reserve
             self.start()
 
         worker_ready.connect(on_ready, weak=False)
@@ -61,7 +67,9 @@ class WorkerCapacity:
             self._thread.start()
 
     def register(self) -> None:
-        self.send(self.store.register(self.worker, self.slots, self.weights()))
+        weights = self.weights()
+        running = list(self.running())
+        self.send(self.store.register(self.worker, self.slots, weights, self.reserve, running))
 
     def _run(self) -> None:
         while not self.draining.is_set():

@@ -215,7 +215,7 @@ def cancel(run_id: str) -> ResponseReturnValue:
     if RunStatus(run.status).is_terminal:
         flash(f"The run had already ended ({run.status}); nothing to cancel.", "error")
     else:
-        reached = cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, run, rt.dispatcher.taken)
+        reached = cancel_tree(rt.runs, rt.cancel_bus, rt.approval_store, run, rt.dispatcher.done)
         flash(f"Cancel requested for {len(reached)} run(s) of this tree.", "ok")
     return redirect(url_for("console.run_page", run_id=run.id))
 
