@@ -21,6 +21,7 @@ from tests import helpers
 from tracon_jobs.cli.supervisor import Child, Supervisor
 from tracon_jobs.embedded_redis import free_port
 from tracon_jobs.fast_paths import ENV_VAR as FAST_PATHS
+from tracon_jobs.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,3 +117,10 @@ def wait_for_log(process: Process, needle: str, *, timeout: float) -> None:
         what=f"'{needle}' in {process.name} log",
         watch=[process],
     )
+
+
+def past_the_lines(runtime: Runtime) -> None:
+    """`runtime` sends its runs straight to the run queue, past the fair lines, as a child
+    run or an approval's resume is sent: with the worker's slots busy, the message waits in
+    the worker's own queue (prefetched) instead of in a line."""
+    runtime.dispatcher.fair = None

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.cluster import Cluster, past_the_lines, wait_until
 from tests.e2e.test_processes import started_events, status_of, text, wait_status
 from tests.helpers import MakeRuntime, scripted_agent
 from tracon_jobs.coordination.held import ALIVE_MS, Holders
@@ -33,9 +33,11 @@ def test_a_killed_worker_s_prefetched_run_goes_out_again_once_its_liveness_ends(
 ) -> None:
     # Runs.RequeueAfter at its default (60 s): the dead worker's liveness decides, not age
     sections = scripted_agent([{"Text": "slow", "DelaySeconds": 60}])
+    sections["Worker"] = {"FairReserve": 0}  # one thread: the next message waits for it
     cluster = make_cluster(sqlite_url, **sections)
     doomed = cluster.worker("doomed", concurrency=1)
     runtime = make_runtime(sqlite_url, **sections)
+    past_the_lines(runtime)
     tenant = runtime.tenants.ensure_tenant("acme")
 
     # Given a worker busy with one run and holding the next run's message
@@ -75,10 +77,12 @@ def test_a_live_worker_s_prefetched_run_is_not_sent_twice_past_requeue_after(
 ) -> None:
     sections = scripted_agent([{"Text": "slow", "DelaySeconds": 6}])
     sections["Runs"] = {"RequeueAfter": "00:00:01"}
+    sections["Worker"] = {"FairReserve": 0}
     cluster = make_cluster(sqlite_url, **sections)
     worker = cluster.worker("busy", concurrency=1)
     cluster.start("beat", "beat")
     runtime = make_runtime(sqlite_url, **sections)
+    past_the_lines(runtime)
     tenant = runtime.tenants.ensure_tenant("acme")
 
     # Given a worker of one thread busy for 6 s, holding the next run's message

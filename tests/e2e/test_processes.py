@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from tests.e2e.cluster import Cluster, wait_for_log, wait_until
+from tests.e2e.cluster import Cluster, past_the_lines, wait_for_log, wait_until
 from tests.helpers import MakeRuntime, scripted_agent
 from tests.rabbitmq import queue_depth
 from tracon_jobs.runs.store import NewRun
@@ -96,9 +96,11 @@ def test_killed_worker_prefetched_run_is_resent_and_completed_by_another(
 ) -> None:
     sections = scripted_agent([{"Text": "slow", "DelaySeconds": 30}])
     sections["Runs"] = {"RequeueAfter": 2}
+    sections["Worker"] = {"FairReserve": 0}  # one thread: the next message waits for it
     cluster = make_cluster(sqlite_url, **sections)
     doomed = cluster.worker("doomed", concurrency=1)
     runtime = make_runtime(sqlite_url, **sections)
+    past_the_lines(runtime)
     tenant = runtime.tenants.ensure_tenant("acme")
 
     # Given a worker busy with one run and holding the next run's message prefetched

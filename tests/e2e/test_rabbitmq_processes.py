@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.cluster import Cluster, past_the_lines, wait_until
 from tests.helpers import MakeRuntime, run_of, scripted_agent
 from tests.rabbitmq import queue_depth, queue_type
 from tracon_jobs.runs.store import NewRun
@@ -64,9 +64,11 @@ def test_a_killed_worker_s_prefetched_run_goes_to_another_worker_at_once(
     # (RequeueAfter far off, and no beat: nothing but the broker can give it to another)
     sections = scripted_agent([{"Text": "slow", "DelaySeconds": 30}])
     sections |= {"Broker": {"Url": amqp_url}, "Runs": {"RequeueAfter": "01:00:00"}}
+    sections["Worker"] = {"FairReserve": 0}  # one thread: the next message waits for it
     cluster = make_cluster(sqlite_url, **sections)
     doomed = cluster.worker("doomed", concurrency=1)
     runtime = make_runtime(sqlite_url, **sections)
+    past_the_lines(runtime)
     tenant = runtime.tenants.ensure_tenant("acme")
     busy = runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "busy"})).id
     wait_until(lambda: run_of(runtime, busy).status == "Running", timeout=30, what="busy Running")

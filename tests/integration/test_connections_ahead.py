@@ -21,9 +21,9 @@ DEAD = "postgresql+psycopg://postgres@127.0.0.1:1/tracon"
 def test_the_redis_pool_holds_one_open_connection_per_worker_thread_and_sql_none(
     make_runtime: MakeRuntime, sql_url: str
 ) -> None:
-    runtime = make_runtime(sql_url, Worker={"Concurrency": 7}, **scripted_agent([]))
+    runtime = make_runtime(sql_url, Worker={"Concurrency": 6}, **scripted_agent([]))
 
-    runtime.open_connections()
+    runtime.open_connections()  # 6 slots and Worker.FairReserve's 1 thread
 
     pool = runtime.db.engine.pool
     assert pool.checkedin() == 0 and pool.checkedout() == 0  # type: ignore[attr-defined]
@@ -38,7 +38,7 @@ def test_the_redis_pool_holds_one_open_connection_per_worker_thread_and_sql_none
 def test_a_database_that_refuses_leaves_the_worker_starting(
     make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
-    runtime = make_runtime(DEAD, Worker={"Concurrency": 3}, **scripted_agent([]))
+    runtime = make_runtime(DEAD, Worker={"Concurrency": 2, "FairReserve": 1}, **scripted_agent([]))
 
     with caplog.at_level(logging.WARNING):
         runtime.open_connections()  # does not raise: runs open theirs when they need one

@@ -173,8 +173,9 @@ def test_a_refused_function_node_is_invoked_then_fails(
 def test_max_duration_keeps_the_next_function_node_from_starting(
     make_runtime: MakeRuntime, sql_url: str
 ) -> None:
-    runtime = runtime_for(make_runtime, sql_url, AgentGraph={"MaxDuration": "00:00:00.300"})
-    run_id = start(runtime, "three-nodes", {"seconds": 0.5})
+    # (well over what node 1 and the claim take on a loaded machine: 0.3 s was not)
+    runtime = runtime_for(make_runtime, sql_url, AgentGraph={"MaxDuration": "00:00:01.500"})
+    run_id = start(runtime, "three-nodes", {"seconds": 2.0})
 
     assert runtime.executor.execute(run_id) == "Failed"
 
