@@ -202,6 +202,9 @@ def script_names() -> dict[str, str]:
         for name in names:
             combo = (*deferred, name)
             sources["+".join(combo)] = composed_source(combo)
+        # and a run's end told to the fair lines with its final publish
+        combo = (*deferred, "fair_share", "feed_publish")
+        sources["+".join(combo)] = composed_source(combo)
     sources["kombu_delivered"] = broker.DELIVERED_LUA  # kombu's ack emulation, as scripts
     sources["kombu_acked"] = broker.ACKED_LUA
     sources["kombu_take"] = broker.TAKE_LUA

@@ -507,6 +507,7 @@ class Runtime:
             quotas=self.quotas,
             event_waited=lambda run_id: self.workflow_resumes.give_kept_event(run_id),
             fanout_waited=lambda run_id: self.workflow_resumes.answer_fanout(run_id),
+            ending=lambda run_id: self.executor.end_with_final_write(run_id),
         )
 
     @cached_property

@@ -88,6 +88,11 @@ class FairStore(Protocol):
         canceled in its line): the runs it makes room for that the caller sends."""
         ...
 
+    def done_later(self, run_id: str) -> Later | None:
+        """`done` sent with the next Redis call (the run's final publish); None where that is
+        not possible (the caller then calls `done`)."""
+        ...
+
     def register(
         self,
         worker: str,
@@ -172,6 +177,12 @@ class RedisFairStore:
 
     def done(self, run_id: str) -> list[str]:
         return _ids(self._call("done", run_id)[1:])
+
+    def done_later(self, run_id: str) -> Later | None:
+        """None unless this store pushes messages itself (as `take_later`)."""
+        if self.queue is None:
+            return None
+        return self.scripts.later("fair_share", self.keys, self._args("done", run_id))
 
     def register(
         self,
@@ -321,6 +332,9 @@ class MemoryFairStore:
             return self._refill(now)
 
     def take_later(self, run_id: str) -> None:
+        return None
+
+    def done_later(self, run_id: str) -> None:
         return None
 
     def done(self, run_id: str) -> list[str]:

@@ -152,6 +152,13 @@ class RunDispatcher:
         except redis.RedisError as exc:  # its place frees itself once no worker names it
             log.warning("fair lines not told that run %s is done: %s", run_id, exc)
 
+    def done_later(self, run_id: str) -> Later | None:
+        """`done`, sent with this thread's next Redis call on the store's client (the run's
+        final publish, inside `deferring`); None when it cannot be: the caller calls `done`."""
+        if self.fair is None:
+            return None
+        return self.fair.store.done_later(run_id)
+
     def taken_later(self, run_id: str) -> Later | None:
         """`taken`, sent with this thread's next Redis call on the store's client (inside
         `deferring`); at once (None) when the caller must send the runs handed over now."""

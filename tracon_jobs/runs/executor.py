@@ -157,7 +157,8 @@ class RunExecutor:
     ) -> None:
         self.child_ended = child_ended  # a fan-out's child ended here: its parent may go on
         self.resume_later = resume_later  # sends a parked run again when it may go on
-        self.dispatcher = dispatcher  # its fair lines hear of each claim
+        self.dispatcher = dispatcher  # its fair lines hear of each claim and each end
+        self._ends_told: set[str] = set()  # runs whose end went with their final write
         self.tenant_runs = tenant_runs or TenantRuns(MemoryTenantRunStore(), None)
         self.settings = settings
         self.runs = runs
@@ -234,7 +235,9 @@ class RunExecutor:
                 self._give_back_place(run.tenant_id, run_id)
             if taken is not None and self.dispatcher is not None:
                 self.dispatcher.send_handed_over(taken)
-            if not elsewhere:  # (a duplicate that lost the race holds no place)
+            told = run_id in self._ends_told
+            self._ends_told.discard(run_id)
+            if not elsewhere and not told:  # (a duplicate that lost the race holds no place)
                 self._done(run_id)
 
     def _taken(self, run_id: str) -> None:
@@ -247,6 +250,13 @@ class RunExecutor:
         room for go."""
         if self.dispatcher is not None:
             self.dispatcher.done(run_id)
+
+    def end_with_final_write(self, run_id: str) -> None:
+        """The fair lines hear of the run's end with its final write's publish (one round
+        trip for both; called just before that write, on the run's thread, inside `execute`);
+        `execute` then tells them nothing more."""
+        if self.dispatcher is not None and self.dispatcher.done_later(run_id) is not None:
+            self._ends_told.add(run_id)
 
     def _taken_later(self, run_id: str) -> Later | None:
         """`_taken`, sent with the next Redis call of this thread (or at once)."""
@@ -374,6 +384,7 @@ class RunExecutor:
     ) -> RunStatus:
         attempts = execution.attempts if execution and execution.attempts else None
         spend = execution.pending_spend if execution else None
+        self.end_with_final_write(claim.run_id)
         closed = self.runs.finish(
             claim, status, output=output, error=error, attempts=attempts, spend=spend
         )

@@ -101,6 +101,7 @@ class WorkflowRunner:
         quotas: Quotas | None = None,
         event_waited: Callable[[str], object] | None = None,
         fanout_waited: Callable[[str], object] | None = None,
+        ending: Callable[[str], object] | None = None,
     ) -> None:
         self.settings = settings
         self.runs = runs
@@ -112,6 +113,7 @@ class WorkflowRunner:
         self.quotas = quotas  # tenants' cost quotas, checked where the budget is
         self.event_waited = event_waited  # gives a run that now waits the event kept for it
         self.fanout_waited = fanout_waited  # answers a fan-out whose branches ended first
+        self.ending = ending  # hears of a run's end just before its final write
 
     def knows(self, name: str) -> bool:
         return self.registry.knows(name)
@@ -231,6 +233,8 @@ class WorkflowRunner:
         output: dict[str, Any] | None = None,
         error: RunError | None = None,
     ) -> RunStatus:
+        if self.ending is not None:  # (what it queues goes with the final write's publish)
+            self.ending(claim.run_id)
         if self.runs.finish(claim, status, output=output, error=error) is None:
             raise RunTakenAway(claim.run_id)
         return status
