@@ -8,6 +8,8 @@ a fixed time.
 - Within a tenant, runs of priority 9 submitted after 40 of priority 5 go first.
 - `MaxConcurrentRuns` 2: never more than 2 of the tenant's calls at once, while another
   tenant's runs go on.
+- With every slot busy and a tenant's runs lined, another tenant's run starts at once on the
+  worker's reserve thread.
 """
 
 from __future__ import annotations
@@ -223,3 +225,34 @@ def test_a_tenants_max_concurrent_runs_holds_while_another_tenant_goes_on(
     # And never more than 2 of the limited tenant's calls were in flight at once
     assert answers.most["limited"] == 2, answers.most
     assert len(answers.arrived()) == 12
+
+
+def test_a_tenant_back_from_idle_starts_on_the_reserve_thread_while_every_slot_is_busy(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    paced: Callable[[float], tuple[StubProvider, Paced]],
+) -> None:
+    """`Worker.FairReserve` (1 by default): the worker's pool is its 4 slots and a thread that
+    lined runs never get. (Calls of 8 s: none ends while the test looks.)"""
+    stub, answers = paced(8.0)
+    runtime = start(make_cluster, make_runtime, sqlite_url, config_for(stub))
+    busy = runtime.tenants.ensure_tenant("busy")
+    quiet = runtime.tenants.ensure_tenant("quiet")
+    # Given every slot busy with a long call of one tenant, and 2 more of its runs lined
+    for n in range(SLOTS + 2):
+        submit(runtime, busy, f"busy-{n}")
+    wait_until(lambda: len(answers.arrived()) == SLOTS, timeout=15, what="the slots busy")
+    depth = runtime.fair_store.depth()
+    assert (depth.lined, depth.reserve) == (2, 1), depth
+    # When another tenant, idle until now, submits two runs
+    submit(runtime, quiet, "quiet-0")
+    submit(runtime, quiet, "quiet-1")
+    # Then the first reaches the provider at once, beside the 4 busy calls, on the reserve
+    # thread; the second waits its turn in a line, as the reserve is taken
+    wait_until(lambda: "quiet-0" in answers.arrived(), timeout=1.5, what="quiet-0's call")
+    assert answers.arrived()[SLOTS:] == ["quiet-0"]
+    assert answers.in_flight["busy"] == SLOTS  # no busy call ended to make room for it
+    assert runtime.fair_store.lines() == {busy: 2, quiet: 1}
+    depth = runtime.fair_store.depth()
+    assert (depth.running, depth.sent) == (SLOTS + 1, 0), depth
