@@ -174,7 +174,13 @@ def test_runs_in_flight_survive_a_failover_to_the_promoted_replica(
     # Then every run completes on the new primary, each tool body having run once
     every = in_flight + after
     promoted = pair.replica.url
-    wait_until(lambda: _statuses(promoted, every) == {"Completed"}, timeout=120, what="all done")
+    try:  # (within the test's own timeout, so that a miss says what the worker saw)
+        wait_until(lambda: _statuses(promoted, every) == {"Completed"}, timeout=80, what="all done")
+    except TimeoutError as exc:
+        depth = runtime.fair_store.depth()
+        raise AssertionError(
+            f"{exc}; fair lines {depth}; worker:\n{worker.text()[-6000:]}"
+        ) from exc
     assert _lines(flags) == len(every)
     engine = sa.create_engine(promoted)
     with engine.connect() as connection:

@@ -262,7 +262,9 @@ when the file cannot be written."""
 # --- Worker (tracon-jobs additions) --------------------------------------------------------
 
 WORKER_CONCURRENCY: Final = 16
-"""Threads per worker; runs wait on providers most of the time, so threads are cheap."""
+"""Runs a worker executes at once from the fair lines (its slots); its pool has
+`Worker.FairReserve` threads more. Runs wait on providers most of the time, so threads are
+cheap."""
 
 WORKER_FAIR_RESERVE: Final = 1
 """Threads a worker keeps beyond `Worker.Concurrency` for runs of tenants without a line:
@@ -313,11 +315,11 @@ DATABASE_MAX_CONNECTIONS: Final = 10
 """The most database connections one process (a web process, a worker, beat, a command) opens;
 each is opened when a thread first needs it and kept. A thread that needs one beyond the cap
 waits for one (up to 30 s, then fails naming this setting). A run holds a connection only for
-the milliseconds of each statement, not while its model answers, so 10 serve a worker's 16
-threads (`Worker.Concurrency`). The cluster holds at most MaxConnections x (web processes +
-workers + beat + Flower) + commands running, where web processes = web nodes x `--workers`;
-PostgreSQL's `max_connections`, or the pooler in front of it, must cover that
-([the budget](operations.md#connections))."""
+the milliseconds of each statement, not while its model answers, so 10 serve a worker's 17
+threads (`Worker.Concurrency` and `Worker.FairReserve`). The cluster holds at most
+MaxConnections x (web processes + workers + beat + Flower) + commands running, where web
+processes = web nodes x `--workers`; PostgreSQL's `max_connections`, or the pooler in front
+of it, must cover that ([the budget](operations.md#connections))."""
 
 DATABASE_PREPARED_STATEMENTS: Final = True
 """PostgreSQL: psycopg prepares a statement a connection has run five times (one parse fewer

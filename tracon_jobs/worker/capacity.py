@@ -5,6 +5,11 @@ were it killed, when its registration ends, its runs' places with it).
 
 Each registration also refills the runs on their way from the lines, so lines that waited
 for a worker (none was alive) move as soon as one is.
+
+The registration needs Redis only: the weights are read from SQL by a thread of their own and
+the last ones read are registered. A database that does not answer (an outage, a failover
+under way) must not let the worker's slots lapse while it runs: lined runs move only while a
+worker is registered, and go out as its runs end.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class WorkerCapacity:
         self.send = send  # runs handed over that the caller sends (no messages kept)
         self.draining = draining
         self._thread: threading.Thread | None = None
+        self._weights: dict[str, int] = {}  # as last read from SQL
 
     def install(self) -> None:
         def on_ready(sender: Any = None, **_kwargs: Any) -> None:
@@ -63,13 +69,29 @@ class WorkerCapacity:
 
     def start(self) -> None:
         if self._thread is None:
+            # (weights registered before have stayed in Redis: the first registration, made
+            # before any is read, changes none)
+            threading.Thread(target=self._read, daemon=True, name="fair-weights").start()
             self._thread = threading.Thread(target=self._run, daemon=True, name="fair-capacity")
             self._thread.start()
 
     def register(self) -> None:
-        weights = self.weights()
         running = list(self.running())
+        weights = self._weights
         self.send(self.store.register(self.worker, self.slots, weights, self.reserve, running))
+
+    def read_weights(self) -> None:
+        """The tenants' weights from SQL, for the next registrations (a failure is logged and
+        the last ones read stay)."""
+        try:
+            self._weights = self.weights()
+        except Exception as exc:
+            log.warning("tenants' weights not read for fair dispatch: %s", exc)
+
+    def _read(self) -> None:
+        while not self.draining.is_set():
+            self.read_weights()
+            self.draining.wait(EVERY_SECONDS)
 
     def _run(self) -> None:
         while not self.draining.is_set():
