@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.conftest import SECTIONS, Console
+from tests.helpers import wait_until
 from tracon_jobs.runs.cancel import cancel_tree
 from web.console.blueprint import duration
 
@@ -251,7 +252,8 @@ def test_the_statistics_page_shows_the_tenants_runs_in_dispatch_and_the_rate_lim
     rt.fair_store.register("w1", 1, {acme: 3})
     rt.tenants.set_weight(acme, 3)
     rt.tenants.set_max_concurrent_runs(acme, 4)
-    assert rt.fair_store.depth().running == 1
+    # (the parked runs' places go as their executions end, just after `RunParked`)
+    wait_until(lambda: rt.fair_store.depth().running == 1, timeout=5, what="one run running")
     lined = [console.submit("support"), console.submit("support")]
     assert rt.fair_store.lines() == {acme: 2}
     console.sign_in()
