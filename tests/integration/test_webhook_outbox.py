@@ -238,6 +238,39 @@ def test_a_workflow_that_asks_writes_workflow_waiting(
     assert message.created_at == event_at(runtime, run_id, "RunWaiting")
 
 
+def test_answers_in_bulk_write_each_run_the_messages_one_answer_writes(
+    make_runtime: MakeRuntime, sql_url: str
+) -> None:
+    runtime = runtime_for(make_runtime, sql_url)
+    acme = runtime.tenants.ensure_tenant("acme")
+    endpoint(runtime, "acme", ["run.completed"])
+    runs = []
+    for n in range(3):
+        run_id = submit(runtime, agent="review", input={"orderId": f"A-{n}"}, kind="workflow")
+        assert runtime.executor.execute(run_id) == "Waiting"
+        run = runtime.runs.get(run_id)
+        assert run is not None
+        runs.append(run)
+    before = len(messages(runtime))
+
+    # When one run is answered alone and two in one batch
+    resumes = runtime.workflow_resumes
+    resumes.respond(runs[0], {"ok": True}, resumable=True)
+    outcomes = resumes.respond_many(
+        [(runs[1], {"ok": True}), (runs[2], {"ok": True})], resumable=True
+    )
+
+    # Then each answered run wrote the same message, at its own RunCompleted's time
+    assert all(isinstance(outcome, Run) for outcome in outcomes)
+    written = messages(runtime)[before:]
+    assert sorted((m.type, m.subject_id) for m in written) == sorted(
+        ("run.completed", run.id) for run in runs
+    )
+    for message in written:
+        assert message.tenant_id == acme
+        assert message.created_at == event_at(runtime, str(message.subject_id), "RunCompleted")
+
+
 def test_only_the_subscribed_types_are_written(make_runtime: MakeRuntime, sql_url: str) -> None:
     runtime = runtime_for(make_runtime, sql_url, CLOSE_THEN_ANSWER)
     endpoint(runtime, "acme", ["run.completed"])  # no approval events

@@ -399,6 +399,39 @@ def test_answers_in_bulk_continue_each_chain_and_one_that_cannot_changes_no_othe
     ]
 
 
+def test_answers_in_bulk_beside_a_canceled_run_answer_the_others_and_not_it(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key = key_of(runtime, "acme")
+    waiting = [start_waiting(client, key) for _ in range(3)]
+    # Given one of them canceled while it waited (its question stays asked, its run ended)
+    canceled = client.post(f"/api/runs/{waiting[1]}/cancel", headers=auth(key))
+    assert canceled.status_code in (200, 202)
+    wait_for_status(client, key, waiting[1], "Canceled", timeout=15)
+
+    # When one request answers all three
+    answers = [{"runId": run_id, "answer": index} for index, run_id in enumerate(waiting)]
+    response = client.post("/api/workflows/answers", json={"answers": answers}, headers=auth(key))
+
+    # Then the two still waiting continue, and the canceled one is a 409 with no continuation
+    items = response.get_json()["items"]
+    assert [item["status"] for item in items] == [202, 409, 202]
+    assert items[1]["runStatus"] == "Canceled"
+    for index in (0, 2):
+        continued = wait_for_status(
+            client, key, items[index]["continuationRunId"], "Completed", timeout=15
+        )
+        assert continued["continuedFromRunId"] == waiting[index]
+    runs = runtime.runs.page(
+        runtime.tenants.ensure_tenant("acme"), RunFilter(), limit=100, before=None
+    )
+    assert sorted(str(run.continued_from_run_id) for run in runs if run.continued_from_run_id) == (
+        sorted([waiting[0], waiting[2]])
+    )
+    events = [e.type for e in runtime.runs.events(waiting[1])]
+    assert "RunContinued" not in events and events[-1] == "RunCanceled"
+
+
 def test_answers_in_bulk_under_a_key_replay_their_outcomes(
     client: FlaskClient, runtime: Runtime
 ) -> None:

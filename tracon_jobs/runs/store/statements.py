@@ -157,6 +157,30 @@ _CLOSE_ANSWERED = (
 )
 """`Waiting` -> `Completed` by the answer that continues the run's chain, with the seqs of its
 `p_count` closing events, in one statement (`WaitingRuns.close_answered_in`)."""
+
+
+@functools.cache
+def _close_answered_many(count: int) -> Update:
+    """`_CLOSE_ANSWERED` of `count` runs in one statement, each with its own output
+    (`p_id_<i>`, `p_output_<i>`) and the same `p_count` closing events: it returns (id, seq,
+    time) of each run it closed, none of one that no longer waits. Built once per count."""
+    ids = [bindparam(f"p_id_{i}", type_=RUNS.c.id.type) for i in range(count)]
+    outputs = [bindparam(f"p_output_{i}", type_=RUNS.c.output.type) for i in range(count)]
+    return (
+        update(RUNS)
+        .where(RUNS.c.id.in_(ids), RUNS.c.status == RunStatus.WAITING.value)
+        .values(
+            status=RunStatus.COMPLETED.value,
+            output=case(*[(RUNS.c.id == i, o) for i, o in zip(ids, outputs, strict=True)]),
+            ended_at=_ENDED_AT,
+            waiting_since=None,
+            waited_ms=RUNS.c.waited_ms + WaitedMs(),
+            event_seq=RUNS.c.event_seq + bindparam("p_count"),
+        )
+        .returning(RUNS.c.id, RUNS.c.event_seq, _NOW)
+    )
+
+
 _INSERT_EVENT = insert(EVENTS)
 _CREATE = (
     insert(RUNS)
@@ -492,6 +516,10 @@ def _insert_events(session: Executes, events: Sequence[Event]) -> None:
         event = events[0]
         _insert_event(session, event.run_id, event.seq, event.type, event.at, event.data)
         return
+    if len(events) > _ONE_STATEMENT_EVENTS:  # a batch's: the driver's executemany
+        rows = [dict(zip(_EVENT_COLUMNS, (e.run_id, e.seq, e.type, e.at, e.data))) for e in events]
+        session.execute(_INSERT_EVENT, rows)
+        return
     params: dict[str, Any] = {}
     for i, e in enumerate(events):
         params.update({f"run_id_{i}": e.run_id, f"seq_{i}": e.seq, f"type_{i}": e.type})
@@ -500,6 +528,10 @@ def _insert_events(session: Executes, events: Sequence[Event]) -> None:
 
 
 _EVENT_COLUMNS = ("run_id", "seq", "type", "at", "data")
+_ONE_STATEMENT_EVENTS = 16
+"""The most events inserted as one multi-row statement; more (a batch of answers' events) go
+as one executemany, which psycopg sends in one pipeline: a multi-row statement that long is
+parsed anew by the driver on every call (its query cache keeps short statements only)."""
 
 
 @functools.cache

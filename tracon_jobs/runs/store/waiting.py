@@ -4,7 +4,7 @@ that continues its chain, canceled)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,6 +23,9 @@ from tracon_jobs.runs.store.statements import (
     _NOW,
     _OWNED,
     RUNS,
+    _close_answered_many,
+    _insert_events,
+    _numbered,
 )
 from tracon_jobs.runs.store.values import Event, iso
 from tracon_jobs.runs.store.writes import RunWrites
@@ -116,6 +119,41 @@ class WaitingRuns(RunWrites):
         if row is None:
             return None
         return self._insert_numbered(session, run_id, row, events, self._messages(run_id, events))
+
+    def close_answered_many_in(
+        self,
+        session: Session,
+        now: datetime,
+        outputs: Mapping[str, dict[str, Any]],
+        events: Mapping[str, Sequence[tuple[str, dict[str, Any]]]],
+        queued: Sequence[Event] = (),
+    ) -> list[Event] | None:
+        """`close_answered_in` of several runs (`outputs` and `events` by run id, each run
+        the same number of closing events) in one update, and their events with `queued`
+        (already numbered: the `RunQueued` of the runs that continue them) in one insert;
+        None, having written nothing, when one of them no longer waits: the caller rolls back
+        and answers them one at a time."""
+        ids = list(outputs)
+        counts = {len(typed) for typed in events.values()}
+        assert len(counts) == 1 and set(events) == set(ids), "one count of events for all"
+        params: dict[str, Any] = {"p_ended_at": now, "p_count": counts.pop()}
+        for i, run_id in enumerate(ids):
+            params |= {f"p_id_{i}": run_id, f"p_output_{i}": outputs[run_id]}
+        params |= self.db.clock_params()
+        rows = session.execute(_close_answered_many(len(ids)), params).all()
+        if len(rows) != len(ids):
+            return None
+        written: list[Event] = []
+        messages = []
+        for run_id, last, at in rows:
+            numbered = _numbered(str(run_id), last, at, events[str(run_id)])
+            written += numbered
+            messages.append((numbered, self._messages(str(run_id), events[str(run_id)])))
+        _insert_events(session, [*written, *queued])
+        for numbered, of_run in messages:
+            if of_run:
+                self._write_messages(session, numbered, of_run)
+        return written
 
     def close_waiting(self, run_id: str, error: RunError) -> bool:
         """Close a run that waits for a person; it holds no worker, so nothing else stops."""

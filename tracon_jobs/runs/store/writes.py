@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import (
     and_,
+    insert,
     or_,
     select,
 )
@@ -254,6 +255,19 @@ class RunWrites:
         _insert_event(session, new.id, 1, "RunQueued", now, {"agent": new.agent})
         row.update(created_at=now, enqueued_at=now)
         return _detached_run(row), Event(new.id, 1, "RunQueued", now, {"agent": new.agent})
+
+    def create_many_in(
+        self, session: Executes, news: Sequence[NewRun], now: datetime
+    ) -> list[tuple[Run, Event]]:
+        """`create_in` of several runs in one insert, at `now` (the transaction's time: what
+        each one's own statement would record), without their events: the caller inserts
+        the `RunQueued` events given back, with its own, and publishes them."""
+        rows = [_new_row(new) | {"created_at": now, "enqueued_at": now} for new in news]
+        session.execute(insert(RUNS), rows)
+        return [
+            (_detached_run(row), Event(new.id, 1, "RunQueued", now, {"agent": new.agent}))
+            for new, row in zip(news, rows, strict=True)
+        ]
 
     def mark_enqueued(self, run_id: str) -> None:
         with self.db.write() as session:
