@@ -517,7 +517,10 @@ def _insert_events(session: Executes, events: Sequence[Event]) -> None:
         _insert_event(session, event.run_id, event.seq, event.type, event.at, event.data)
         return
     if len(events) > _ONE_STATEMENT_EVENTS:  # a batch's: the driver's executemany
-        rows = [dict(zip(_EVENT_COLUMNS, (e.run_id, e.seq, e.type, e.at, e.data))) for e in events]
+        rows = [
+            {"run_id": e.run_id, "seq": e.seq, "type": e.type, "at": e.at, "data": e.data}
+            for e in events
+        ]
         session.execute(_INSERT_EVENT, rows)
         return
     params: dict[str, Any] = {}
