@@ -563,7 +563,7 @@ def import_baseline(redis_url: str) -> Any:
 
 def start_baseline_worker(concurrency: int, redis_url: str, children: Supervisor) -> None:
     env = child_env(BENCH_REDIS_URL=redis_url)
-    worker = f"worker --pool threads -c {concurrency} --prefetch-multiplier 1 -E -Q bench.noop"
+    worker = f"worker --pool threads -c {concurrency} --prefetch-multiplier 1 -Q bench.noop"
     argv = [
         sys.executable,
         "-m",

@@ -379,7 +379,7 @@ def start_baseline_worker(
         BENCH_MODEL_DELAY=str(options.delay),
     )
     worker = (
-        f"worker --pool threads -c {options.concurrency} --prefetch-multiplier 1 -E -Q {task.name}"
+        f"worker --pool threads -c {options.concurrency} --prefetch-multiplier 1 -Q {task.name}"
     )
     argv = [sys.executable, "-m", "celery", "-A", "bench.baseline_app", *worker.split()]
     name = f"baseline-worker-{task.name.rsplit('.', 1)[-1]}"  # one log per measurement

@@ -1,7 +1,7 @@
 """The plain-Celery yardstick of B1 and B2: tasks on the same broker settings as ours.
 
-It mirrors `tracon_jobs.worker.app.create_celery` (JSON, no results, early acks, task and
-sent events) so that the ratio measures tracon's own work per run, not a Celery setting.
+It mirrors `tracon_jobs.worker.app.create_celery` (JSON, no results, early acks, no task or
+sent events until a monitor asks) so that the ratio measures tracon's own work per run, not a Celery setting.
 
 - `bench.noop` (B1) INCRs a Redis counter: the only way the benchmark can see it finish.
 - `bench.chat` (B2) makes one chat completion with the official `openai` client, one client
@@ -45,8 +45,8 @@ app.conf.update(
     task_ignore_result=True,
     task_acks_late=False,
     worker_prefetch_multiplier=1,
-    worker_send_task_events=True,
-    task_send_sent_event=True,
+    worker_send_task_events=False,  # as ours: on once a monitor asks (no monitor here)
+    task_send_sent_event=False,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     broker_transport_options={"visibility_timeout": 3600},

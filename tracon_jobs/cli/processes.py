@@ -200,7 +200,6 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
         "worker",
         "-c",
         str(runtime.settings.worker.threads),
-        "-E",
         "-Q",
         "tracon.runs,tracon.control",
         # Mingle asks the other workers for their revoked task ids and waits a second for

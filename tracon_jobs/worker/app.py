@@ -165,7 +165,11 @@ def create_celery(
         worker_prefetch_multiplier=settings.worker.prefetch_multiplier,
         worker_pool=WORKER_POOL,
         worker_concurrency=settings.worker.threads,
-        worker_send_task_events=True,
+        # Task events only once a monitor asks for them: Flower turns them on in every worker
+        # as it starts (its `enable_events` broadcast, again every 5 s), and they stay on.
+        # Without a monitor nobody reads them, and they were 14% of a worker's CPU for a
+        # workflow without steps (three publishes a task).
+        worker_send_task_events=False,
         worker_direct=True,  # a queue per worker: operators (and tests) can address one
         # Flower follows tasks from the worker's events; a `task-sent` event per run would
         # cost the web a second publish on every submission.
