@@ -256,3 +256,42 @@ def test_a_tenant_back_from_idle_starts_on_the_reserve_thread_while_every_slot_i
     assert runtime.fair_store.lines() == {busy: 2, quiet: 1}
     depth = runtime.fair_store.depth()
     assert (depth.running, depth.sent) == (SLOTS + 1, 0), depth
+
+
+def test_a_killed_workers_places_free_once_its_registration_ends_and_lined_runs_go_out(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    paced: Callable[[float], tuple[StubProvider, Paced]],
+) -> None:
+    """A worker killed mid-run never says `done`: its runs' places are freed when it stops
+    naming them (`REGISTRATION_MS`), not held for good. (Calls of 120 s: no run ends while
+    the test looks, so only the kill can make room.)"""
+    stub, answers = paced(120.0)
+    config = config_for(stub, Worker={"Concurrency": 2, "FairReserve": 0})
+    cluster = make_cluster(sqlite_url, **config)
+    doomed = cluster.worker("w1", concurrency=2)
+    cluster.worker("w2", concurrency=2)
+    runtime = make_runtime(sqlite_url, **config)
+    wait_until(lambda: runtime.fair_store.depth().slots == 4, timeout=15, what="4 slots")
+    busy = runtime.tenants.ensure_tenant("busy")
+    # Given two workers of 2 slots each busy with a long call each slot, and 2 runs lined
+    for n in range(SLOTS + 2):
+        submit(runtime, busy, f"busy-{n}")
+    wait_until(lambda: len(answers.arrived()) == SLOTS, timeout=15, what="the slots busy")
+    depth = runtime.fair_store.depth()
+    assert (depth.running, depth.lined) == (SLOTS, 2), depth
+
+    # When one worker is killed mid-call, and its registration runs out
+    doomed.kill9()
+    wait_until(lambda: runtime.fair_store.depth().slots == 2, timeout=25, what="w1 gone")
+
+    # Then its two runs hold no place any more (the other worker's two still do)
+    wait_until(lambda: runtime.fair_store.depth().running == 2, timeout=10, what="places freed")
+    assert runtime.fair_store.depth().lined == 2
+    # and a new worker's slots send the lined runs at once (which worker's consumer takes
+    # their messages is Celery's: the busy one may hold them in its own pool queue)
+    cluster.worker("w3", concurrency=2)
+    wait_until(lambda: runtime.fair_store.depth().lined == 0, timeout=10, what="lined runs sent")
+    depth = runtime.fair_store.depth()
+    assert (depth.slots, depth.running + depth.sent) == (4, 4), depth

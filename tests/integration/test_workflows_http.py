@@ -6,6 +6,9 @@ Runs are executed by the real executor on a thread standing in for a worker."""
 
 from __future__ import annotations
 
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -430,6 +433,39 @@ def test_answers_in_bulk_beside_a_canceled_run_answer_the_others_and_not_it(
     )
     events = [e.type for e in runtime.runs.events(waiting[1])]
     assert "RunContinued" not in events and events[-1] == "RunCanceled"
+
+
+def test_bulk_answers_racing_over_the_same_runs_answer_each_once(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key = key_of(runtime, "acme")
+    waiting = [start_waiting(client, key) for _ in range(12)]
+    app = create_app(runtime, {"TESTING": True})
+    barrier = threading.Barrier(4)
+
+    # When four requests at once answer all twelve, each in an order of its own
+    def answer_all(seed: int) -> list[dict[str, Any]]:
+        order = random.Random(seed).sample(waiting, len(waiting))
+        body = {"answers": [{"runId": run_id, "answer": seed} for run_id in order]}
+        barrier.wait(timeout=10)
+        response = app.test_client().post("/api/workflows/answers", json=body, headers=auth(key))
+        assert response.status_code == 200, response.get_data(as_text=True)
+        return list(response.get_json()["items"])
+
+    with ThreadPoolExecutor(4) as pool:
+        answered = [item for items in pool.map(answer_all, range(4)) for item in items]
+
+    # Then each run was answered by one of them (the others got 409), and continued once
+    winners = [item for item in answered if item["status"] == 202]
+    assert sorted(item["runId"] for item in winners) == sorted(waiting)
+    assert {item["status"] for item in answered} == {202, 409}
+    for item in winners:
+        continued = wait_for_status(client, key, item["continuationRunId"], "Completed", 15)
+        assert continued["continuedFromRunId"] == item["runId"]
+    runs = runtime.runs.page(
+        runtime.tenants.ensure_tenant("acme"), RunFilter(), limit=100, before=None
+    )
+    assert len([run for run in runs if run.continued_from_run_id]) == len(waiting)
 
 
 def test_answers_in_bulk_under_a_key_replay_their_outcomes(

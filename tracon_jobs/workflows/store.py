@@ -601,7 +601,8 @@ class WorkflowStore:
         self, answers: Sequence[tuple[Run, Any, NewRun]]
     ) -> list[Run | RequestConflict]:
         """The people's answers to the questions of several waiting runs (`ask` nodes), in one
-        transaction: each as `answer` writes it, in a savepoint of its own, so one that
+        transaction: all together in a few statements (`_answer_together`), or, when that
+        cannot be, each as `answer` writes it, in a savepoint of its own. Either way one that
         conflicts (its run waits for nothing, another answer won) changes nothing and the
         others are written. For each, in order: the run that continues it, or the conflict."""
         together = self._answer_together(answers)
