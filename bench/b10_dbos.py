@@ -179,16 +179,18 @@ class Recovery:
     hit: int  # workflows the kill interrupted (in flight on the killed process, or held by it)
     hit_seconds: float | None  # from the kill to the last of them completed
     effects: Effects
-    resent: set[str]  # keys whose workflow was sent to a worker again
+    resent_lost: set[str]  # keys sent again as their message died with the killed worker
+    resent: set[str]  # keys sent again by age (`Runs.RequeueAfter`): no record said why
+    dropped: int  # deliveries dropped, their run claimed already: a second message
     facts: list[str]
     cpu: dict[str, float]
     problems: list[str] = field(default_factory=list)
 
     @property
-    def twice(self) -> set[str]:
-        """Sent or executed twice: a message sent again, or a step run again other than
-        across the kill."""
-        return self.resent | self.effects.twice
+    def twice(self) -> int:
+        """Sent or executed twice: a second message of a run whose first one a worker held
+        and ran (a delivery dropped), or a step run again other than across the kill."""
+        return self.dropped + len(self.effects.twice)
 
 
 @dataclass
@@ -467,7 +469,8 @@ def recovery(side: Side, options: Options, children: Supervisor) -> Recovery:
         hit,
         None if hit_last is None else hit_last - killed_at,
         read_effects(side.engine, prefix, killed, 3),
-        side.resent(prefix),
+        *side.resent(prefix),
+        side.dropped(),
         side.facts(prefix),
         cpu,
     )
@@ -776,7 +779,9 @@ def figure_rows(tracon: Results | None, dbos: Results | None) -> list[Row]:
     add("recovery: s from the kill to the last completion", recovery_seconds)
     add("recovery: runs the kill interrupted", lambda r: r.recovery.hit if r.recovery else None)
     add("recovery: s from the kill to their last completion", hit_seconds)
-    add("recovery: runs sent again to a worker", lambda r: count_of(r, "resent"))
+    add("recovery: runs sent again, their worker killed", lambda r: count_of(r, "lost"))
+    add("recovery: runs sent again by age", lambda r: count_of(r, "resent"))
+    add("recovery: deliveries dropped, run claimed already", dropped)
     add("recovery: runs with a step run twice otherwise", lambda r: count_of(r, "twice"))
     add("recovery: runs whose step at the kill ran again", lambda r: count_of(r, "rerun"))
     add("recovery:   of which its effect committed twice", lambda r: count_of(r, "committed"))
@@ -833,17 +838,23 @@ def recovery_seconds(results: Results) -> float | None:
     return results.recovery.seconds if results.recovery else None
 
 
+def dropped(results: Results) -> float | None:
+    return float(results.recovery.dropped) if results.recovery else None
+
+
 def hit_seconds(results: Results) -> float | None:
     return results.recovery.hit_seconds if results.recovery else None
 
 
 def count_of(results: Results, which: str) -> float | None:
-    """How many keys of the recovery workload: `resent`, `twice` (a step run twice other
+    """How many keys of the recovery workload: `lost` (sent again, the kill lost their
+    message), `resent` (sent again otherwise), `twice` (a step run twice other
     than across the kill), `rerun` (a step at the kill ran again), `committed` (twice)."""
     measured = results.recovery
     if measured is None:
         return None
     keys = {
+        "lost": measured.resent_lost,
         "resent": measured.resent,
         "twice": measured.effects.twice,
         "rerun": measured.effects.rerun,
@@ -949,11 +960,13 @@ def goal_lines(options: Options, tracon: Results | None, dbos: Results | None) -
             f"(DBOS {shown(theirs)} s)   (goal <= {bound:g} s, OrphanThreshold + ScanInterval: "
             f"{met(ok)})"
         )
-        theirs_twice = len(dbos.recovery.twice) if dbos and dbos.recovery else None
+        theirs_twice = dbos.recovery.twice if dbos and dbos.recovery else None
         lines.append(
-            f"recovery, tracon runs sent or executed twice: {len(measured.twice)} "
-            f"({len(measured.resent)} sent again, {len(measured.effects.twice)} with a step run "
-            f"twice other than across the kill; DBOS {shown(theirs_twice)})   "
+            f"recovery, tracon runs sent twice while a worker held them, or executed twice: "
+            f"{measured.twice} ({measured.dropped} deliveries dropped, "
+            f"{len(measured.effects.twice)} with a step run twice other than across the kill; "
+            f"sent again: {len(measured.resent_lost)} as their worker died, "
+            f"{len(measured.resent)} by age; DBOS {shown(theirs_twice)})   "
             f"(goal 0: {met(not measured.twice)})"
         )
     return lines

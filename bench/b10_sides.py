@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
+import redis
 import sqlalchemy as sa
 
 from bench import b10_workflows as flows
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 ASYNC = {"Prefer": "respond-async"}
 ANSWER = {"text": "yes"}
 WORKER_READY = "ready."
+DROPPED = "s: 'dropped'"
+"""How a worker logs a delivery it dropped (`Task ...[id] succeeded in 0.01s: 'dropped'`)."""
 """What a Celery worker logs once it consumes."""
 
 
@@ -88,13 +91,20 @@ class Side(Protocol):
         """kill -9 of the process that loses its work, then whatever the system does next
         (DBOS: the same executor started again); the pids killed."""
 
-    def resent(self, prefix: str) -> set[str]:
+    def resent(self, prefix: str) -> tuple[set[str], set[str]]:
         """Keys of `prefix` whose workflow was sent to a worker a second time (tracon: its
-        run's message sent again, `enqueue_count` > 1; DBOS sends no messages: none)."""
+        run's message sent again, `enqueue_count` > 1; DBOS sends no messages: none), in two:
+        those the killed process held at the kill (their message died with it: sending them
+        again is the recovery), and the others (a second message while the first was alive:
+        a duplicate)."""
 
     def hit(self, prefix: str) -> tuple[int, float | None]:
         """Workflows of `prefix` the kill interrupted (in flight on the killed process, or
         held by it), and when the last of them completed (epoch s)."""
+
+    def dropped(self) -> int:
+        """Deliveries a worker dropped because their run was claimed already: a second
+        message of a run whose first one a worker held and ran (DBOS sends none: 0)."""
 
     def facts(self, prefix: str) -> list[str]:
         """What its own tables say of the recovery workload (sent again, recovered, failed)."""
@@ -118,7 +128,7 @@ TJ_ANSWERED = sa.text(
     "AND input->>'key' LIKE :prefix AND output->>'continuedIn' IS NULL"
 )
 TJ_RESENT = sa.text(
-    "SELECT DISTINCT input->>'key' FROM runs WHERE enqueue_count > 1 AND input->>'key' LIKE :prefix"
+    "SELECT input->>'key', id FROM runs WHERE enqueue_count > 1 AND input->>'key' LIKE :prefix"
 )
 TJ_HIT = sa.text(
     "WITH hit AS (SELECT DISTINCT input->>'key' AS key FROM runs WHERE input->>'key' LIKE :prefix "
@@ -162,6 +172,8 @@ class TraconSide:
         )
         self.api_key = issue_api_key(self.env)
         self.clients: list[httpx.Client] = []
+        self.redis_url = redis_url
+        self.held_at_kill: set[str] = set()  # run ids the killed worker held (`kill`)
 
     def start(self, recovery: bool) -> None:
         self.close_clients()
@@ -225,11 +237,25 @@ class TraconSide:
     def kill(self) -> list[int]:
         victim = next(c for c in self.children.running() if c.name == "worker-a")
         victim.kill9()
+        # What it held as it died (`coordination.held`): no write of it can come after this
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        try:
+            # a worker's records are named by its host, pid and a nonce (`Runtime.worker_id`)
+            for key in client.scan_iter(match=f"tj:held:{{*:{victim.popen.pid}:*}}"):
+                self.held_at_kill |= {str(member) for member in client.smembers(key)}
+        finally:
+            client.close()
         return [victim.popen.pid]
 
-    def resent(self, prefix: str) -> set[str]:
+    def resent(self, prefix: str) -> tuple[set[str], set[str]]:
         with self.engine.connect() as conn:
-            return {str(key) for (key,) in conn.execute(TJ_RESENT, {"prefix": f"{prefix}%"})}
+            rows = conn.execute(TJ_RESENT, {"prefix": f"{prefix}%"}).all()
+        lost = {str(key) for key, run_id in rows if str(run_id) in self.held_at_kill}
+        return lost, {str(key) for key, _ in rows} - lost
+
+    def dropped(self) -> int:
+        workers = [c for c in self.children.children if c.name.startswith("worker")]
+        return sum(c.text().count(DROPPED) for c in workers)
 
     def hit(self, prefix: str) -> tuple[int, float | None]:
         return count_and_last(self.engine, TJ_HIT, prefix)
@@ -407,8 +433,11 @@ class DbosSide:
         self.launch(f"{victim.name}2")
         return [victim.popen.pid]
 
-    def resent(self, prefix: str) -> set[str]:
-        return set()
+    def resent(self, prefix: str) -> tuple[set[str], set[str]]:
+        return set(), set()
+
+    def dropped(self) -> int:
+        return 0
 
     def hit(self, prefix: str) -> tuple[int, float | None]:
         return count_and_last(self.engine, DBOS_HIT, prefix)

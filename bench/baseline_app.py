@@ -1,7 +1,8 @@
 """The plain-Celery yardstick of B1 and B2: tasks on the same broker settings as ours.
 
 It mirrors `tracon_jobs.worker.app.create_celery` (JSON, no results, early acks, no task or
-sent events until a monitor asks) so that the ratio measures tracon's own work per run, not a Celery setting.
+sent events until a monitor asks) so that the ratio measures tracon's own work per run, not a
+Celery setting.
 
 - `bench.noop` (B1) INCRs a Redis counter: the only way the benchmark can see it finish.
 - `bench.chat` (B2) makes one chat completion with the official `openai` client, one client

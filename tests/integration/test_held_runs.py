@@ -105,3 +105,28 @@ def test_a_worker_that_cannot_reach_sql_is_not_live(
         Holders(redis_client).forget(["w-cut"])
     stuck.set()
     assert HeldRuns(redis_client, "w-ok", healthy=lambda: None)._can_reach_sql() is True
+
+
+def test_a_run_nobody_holds_is_sent_again_by_age_while_the_fair_lines_still_count_it_sent(
+    make_runtime: MakeRuntime, sqlite_url: str, redis_client: redis.Redis
+) -> None:
+    """The lines count a run on its way from its send, a moment after its row was written, so
+    a pass that finds it unclaimed for `RequeueAfter` by SQL's clock may come before the lines
+    let go of it: it is sent all the same (it used to wait for the next pass, `RequeueAfter`
+    more)."""
+    sent: list[str] = []
+    runtime = make_runtime(sqlite_url, sender=sent.append, **scripted_agent([{"Text": "-"}]))
+    runtime.fair_store.register("w1", 4, {})
+    [run_id] = queued(runtime, 1)
+    assert sent == [run_id] and runtime.fair_store.depth().sent == 1
+    sent.clear()
+
+    # When a pass runs past RequeueAfter by SQL's clock, the run held by no worker
+    later = runtime.db.now() + timedelta(seconds=61)
+    result = requeue_unclaimed(
+        runtime.runs, runtime.dispatcher, timedelta(seconds=60), later, Holders(redis_client)
+    )
+
+    # Then its message goes out again at once, though the lines still count it sent
+    assert result.resent == [run_id] and sent == [run_id]
+    assert runtime.fair_store.depth().sent == 1

@@ -52,7 +52,8 @@ REGISTRATION_MS = 15_000
 class Offered(IntEnum):
     LINED = 0  # waits in its tenant's line
     SENT = 1  # on its way to the run queue now
-    ALREADY = 2  # a re-send of a run already on its way or in its line: nothing to do
+    ALREADY = 2  # a re-send of a run already on its way (sent, not claimed): nothing done
+    IN_LINE = 3  # a re-send of a run already in its line: it keeps its place there
 
 
 @dataclass(frozen=True)
@@ -292,8 +293,10 @@ class MemoryFairStore:
         with self._lock:
             now = self._now()
             held = self._held(now)
-            if run_id in self._sent or run_id in self._lined:
+            if run_id in self._sent:
                 return Offer(Offered.ALREADY)
+            if run_id in self._lined:
+                return Offer(Offered.IN_LINE)
             cap, reserve = self._capacity(now)
             reserved = self._on_reserve()
             at_once = cap is None or (not self._passes and held - reserved < cap)

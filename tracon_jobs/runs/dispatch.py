@@ -95,27 +95,32 @@ class RunDispatcher:
                 run = self.store.get(run_id)
                 if run is None:
                     return False
-                self.offer_run(run)
+                if self.offer_run(run) is Offered.ALREADY:
+                    # On its way, by the lines, for as long as the message has been unclaimed
+                    # by SQL's clock (the lines count from the send, a moment after the row
+                    # was written, and may not have let go of it yet): lost, sent now.
+                    self.send(run_id)
         except EnqueueError as exc:
             log.warning("re-send of run %s failed, next scan retries: %s", run_id, exc)
             return False
         self.store.mark_enqueued(run_id)
         return True
 
-    def offer_run(self, run: Run) -> None:
+    def offer_run(self, run: Run) -> Offered:
         """`offer` of a run whose row is in hand (a submission, a continuation, a schedule's
         fire): its message is labelled from it (`submitting`), not from a read of the row."""
         self._submitting[run.id] = (run.agent, run.tenant_id)
         try:
-            self.offer(run.id, run.tenant_id, run.priority)
+            return self.offer(run.id, run.tenant_id, run.priority)
         finally:
             self._submitting.pop(run.id, None)
 
-    def offer(self, run_id: str, tenant_id: str, priority: int = DEFAULT_PRIORITY) -> None:
-        """Send the run now, or line it up: through the fair lines when there are some."""
+    def offer(self, run_id: str, tenant_id: str, priority: int = DEFAULT_PRIORITY) -> Offered:
+        """Send the run now, or line it up: through the fair lines when there are some; what
+        became of it (`SENT` when no lines were asked)."""
         if self.fair is None:
             self.send(run_id)
-            return
+            return Offered.SENT
         message = None
         if self.fair.message is not None:
             try:
@@ -127,10 +132,11 @@ class RunDispatcher:
         except redis.RedisError as exc:
             log.warning("fair lines unreachable; run %s is sent at once: %s", run_id, exc)
             self.send(run_id)
-            return
-        if message is not None and offer.outcome is not Offered.ALREADY:
+            return Offered.SENT
+        if message is not None and offer.outcome in (Offered.SENT, Offered.LINED):
             metrics.message_sent(ok=True)  # pushed now, or kept to be pushed in its turn
         self.send_all(offer.to_send, first=run_id)
+        return offer.outcome
 
     def taken(self, run_id: str) -> None:
         """A worker claimed the run: it is running now, its place still taken (a run still

@@ -21,7 +21,8 @@
 -- ARGV[3] ms after which a sent run that no worker claimed counts as lost
 -- ARGV[4] ms after which a running run its worker no longer names counts as gone
 --   offer:    ARGV[5] run  ARGV[6] tenant  ARGV[7] priority (0-9)  ARGV[8] message or ''
---             -> {1 sent now | 0 lined | 2 on its way already, run ids the caller sends...}
+--             -> {1 sent now | 0 lined | 2 on its way already | 3 in its line already,
+--                 run ids the caller sends...}
 --   take:     ARGV[5] run (claimed by a worker: running now)         -> {0, run ids to send...}
 --   done:     ARGV[5] run (ended or dropped on a worker, or canceled in its line)
 --                                                                    -> {0, run ids to send...}
@@ -161,8 +162,11 @@ end
 if op == 'offer' then
   local run, tenant, priority, message = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8]
   local n = held()
-  if redis.call('ZSCORE', sent, run) or redis.call('HGET', lined, run) then
-    return {2}  -- a re-send of a run on its way, or in its line: it keeps its place
+  if redis.call('ZSCORE', sent, run) then
+    return {2}  -- a re-send of a run on its way: it keeps its place
+  end
+  if redis.call('HGET', lined, run) then
+    return {3}  -- a re-send of a run in its line: it keeps its place there
   end
   local cap, reserve = capacity()
   local others, reserved = redis.call('ZCARD', lines), on_reserve()
