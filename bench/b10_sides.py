@@ -271,6 +271,7 @@ class TraconSide:
             f"{interrupted} runs closed 'interrupted' by the orphan scan and resumed from their "
             f"checkpoints ({continued} continuation runs)",
             f"{failed} runs failed otherwise",
+            f"{len(self.held_at_kill)} runs the killed worker's records held as it died",
         ]
 
     def close_clients(self) -> None:
