@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from tests.helpers import MakeRuntime, hold_queued, scripted_agent
+from tracon_jobs.coordination.fair_share import Offered
 from tracon_jobs.db.models import Run, Schedule, ScheduleFire
 from tracon_jobs.runs.requeue import requeue_unclaimed
 from tracon_jobs.runs.retention import RunRetention
@@ -327,7 +328,7 @@ def test_a_send_lost_after_the_commit_is_sent_by_the_requeue_scan(rt: Runtime) -
     set_slots(rt, schedule_id, base - MINUTE, base)
     offer = rt.dispatcher.offer
 
-    def crash(*args: Any, **kwargs: Any) -> None:
+    def crash(*args: Any, **kwargs: Any) -> Offered:
         raise KeyboardInterrupt("the process died")
 
     rt.dispatcher.offer = crash  # type: ignore[method-assign]

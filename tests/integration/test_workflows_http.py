@@ -460,7 +460,7 @@ def test_bulk_answers_racing_over_the_same_runs_answer_each_once(
     assert sorted(item["runId"] for item in winners) == sorted(waiting)
     assert {item["status"] for item in answered} == {202, 409}
     for item in winners:
-        continued = wait_for_status(client, key, item["continuationRunId"], "Completed", 15)
+        continued = wait_for_status(client, key, item["continuationRunId"], "Completed", timeout=15)
         assert continued["continuedFromRunId"] == item["runId"]
     runs = runtime.runs.page(
         runtime.tenants.ensure_tenant("acme"), RunFilter(), limit=100, before=None
