@@ -37,9 +37,9 @@ if TYPE_CHECKING:
 ASYNC = {"Prefer": "respond-async"}
 ANSWER = {"text": "yes"}
 WORKER_READY = "ready."
+"""What a Celery worker logs once it consumes."""
 DROPPED = "s: 'dropped'"
 """How a worker logs a delivery it dropped (`Task ...[id] succeeded in 0.01s: 'dropped'`)."""
-"""What a Celery worker logs once it consumes."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,7 @@ class Side(Protocol):
         """Keys of `prefix` whose workflow was sent to a worker a second time (tracon: its
         run's message sent again, `enqueue_count` > 1; DBOS sends no messages: none), in two:
         those the killed process held at the kill (their message died with it: sending them
-        again is the recovery), and the others (a second message while the first was alive:
-        a duplicate)."""
+        again is the recovery), and the others (sent again by age: no record said why)."""
 
     def hit(self, prefix: str) -> tuple[int, float | None]:
         """Workflows of `prefix` the kill interrupted (in flight on the killed process, or
