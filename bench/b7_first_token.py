@@ -25,11 +25,13 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import redis
 from openai import OpenAI
@@ -86,6 +88,8 @@ class Stream:
     deltas: list[str] = field(default_factory=list)
     problem: str = ""
     run_id: str = ""  # tracon's X-Tracon-Run-Id, to look a wrong stream up
+    tag: str = ""  # in the user message, to find the model's request (the model logs it)
+    started_at: float = 0.0  # wall clock, to set beside the model's log
 
     @property
     def whole(self) -> bool:
@@ -102,18 +106,25 @@ class Stream:
 # -- the model: its own process, asyncio, chunked SSE ------------------------------------------
 
 
-def serve_model(port: int) -> None:
-    """Serve `/v1/chat/completions` on 127.0.0.1:`port` until killed."""
-    asyncio.run(_serve_forever(port))
+def serve_model(port: int, arrivals: str) -> None:
+    """Serve `/v1/chat/completions` on 127.0.0.1:`port` until killed; each request's arrival
+    (wall clock, then its last user message) is a line of the file `arrivals`."""
+    with open(arrivals, "a", buffering=1) as log:
+        asyncio.run(_serve_forever(port, log))
 
 
-async def _serve_forever(port: int) -> None:
-    server = await asyncio.start_server(_connection, "127.0.0.1", port, backlog=1024)
+async def _serve_forever(port: int, log: TextIO) -> None:
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _connection(reader, writer, log)
+
+    server = await asyncio.start_server(connection, "127.0.0.1", port, backlog=1024)
     async with server:
         await server.serve_forever()
 
 
-async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _connection(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, log: TextIO
+) -> None:
     sock = writer.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -124,19 +135,22 @@ async def _connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
             except asyncio.IncompleteReadError:
                 return
             body = await reader.readexactly(content_length(head))
-            await _answer(head, body, writer)
+            await _answer(head, body, writer, log)
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
         pass
     finally:
         writer.close()
 
 
-async def _answer(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
+async def _answer(head: bytes, body: bytes, writer: asyncio.StreamWriter, log: TextIO) -> None:
     if not head.startswith(b"POST ") or b"/chat/completions" not in head.split(b"\r\n", 1)[0]:
         writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
         await writer.drain()
         return
     request = json.loads(body or b"{}")
+    users = [m for m in request.get("messages", []) if m.get("role") == "user"]
+    if users:
+        log.write(f"{time.time():.6f} {users[-1].get('content')}\n")
     if not request.get("stream"):
         await asyncio.sleep(FIRST_CHUNK_SECONDS + MORE_CHUNKS * CHUNK_EVERY_SECONDS)
         answer = json.dumps(_completion()).encode()
@@ -188,9 +202,9 @@ def _usage() -> dict[str, int]:
     return {"prompt_tokens": 10, "completion_tokens": len(PIECES), "total_tokens": 10 + len(PIECES)}
 
 
-def start_model(children: Supervisor, env: dict[str, str]) -> str:
+def start_model(children: Supervisor, env: dict[str, str], arrivals: Path) -> str:
     port = free_port()
-    code = f"from bench.b7_first_token import serve_model; serve_model({port})"
+    code = f"from bench.b7_first_token import serve_model; serve_model({port}, {str(arrivals)!r})"
     start_server(children, "model", [sys.executable, "-c", code], env, port)
     return f"http://127.0.0.1:{port}/v1"
 
@@ -199,13 +213,14 @@ def start_model(children: Supervisor, env: dict[str, str]) -> str:
 
 
 def one_stream(client: OpenAI, model: str, gate: threading.Barrier, index: int) -> Stream:
-    stream = Stream()
+    stream = Stream(tag=f"stream {index} {uuid.uuid4().hex}")
     gate.wait(timeout=STREAM_TIMEOUT)
+    stream.started_at = time.time()
     started = time.perf_counter()
     try:
         chunks = client.chat.completions.create(
             model=model,
-            messages=[{"role": "user", "content": f"stream {index}"}],
+            messages=[{"role": "user", "content": stream.tag}],
             stream=True,
         )
         stream.run_id = chunks.response.headers.get("x-tracon-run-id", "")
@@ -282,7 +297,8 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
     database = options.database or f"sqlite:///{workdir / 'tracon.db'}"
     redis.Redis.from_url(redis_url).flushdb()
     plain = child_env()
-    model_url = start_model(children, plain)
+    arrivals = workdir / "model-arrivals.log"
+    model_url = start_model(children, plain, arrivals)
     config = write_config(workdir, model_url, options)
     env = child_env(
         TRACON_CONFIG=str(config), TRACON_DATABASE_URL=database, TRACON_REDIS_URL=redis_url
@@ -315,14 +331,27 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
         time.sleep(0.5)  # the runs' last writes (the run ends after its stream's last frame)
         redis_commands += commands(counter) - before - 1
     children.check_alive()
-    return report(options, direct_streams, tracon_streams, redis_commands)
+    return report(options, direct_streams, tracon_streams, redis_commands, read_arrivals(arrivals))
+
+
+def read_arrivals(path: Path) -> dict[str, float]:
+    """The model's log: when each request (by its stream's tag) reached it."""
+    arrivals = {}
+    for line in path.read_text().splitlines():
+        at, _, tag = line.partition(" ")
+        arrivals[tag] = float(at)
+    return arrivals
 
 
 # -- report ------------------------------------------------------------------------------------
 
 
 def report(
-    options: Options, direct: list[Stream], tracon: list[Stream], redis_commands: int
+    options: Options,
+    direct: list[Stream],
+    tracon: list[Stream],
+    redis_commands: int,
+    arrivals: dict[str, float],
 ) -> int:
     print(
         f"B7: time to first token, {options.streams} concurrent streams, {options.rounds} "
@@ -373,6 +402,14 @@ def report(
             "  note: one delta a stream through tracon: the answer reached the client only "
             "once the model call had ended"
         )
+    print("  where a first delta's time goes, p50 / p99 (the model's log, the client's clock):")
+    for label, streams in (("direct", direct), ("through tracon", tracon)):
+        before, after = stages(streams, arrivals)
+        print(
+            f"    {label:<15} to the model's request {percentile(before, 0.5):>6.1f} / "
+            f"{percentile(before, 0.99):>6.1f} ms; its first chunk to the client "
+            f"{percentile(after, 0.5):>6.1f} / {percentile(after, 0.99):>6.1f} ms"
+        )
     for stream in wrong[:5]:
         shown = stream.problem or f"deltas {stream.deltas!r}"
         print(f"    FAILED stream {stream.run_id or '(direct)'}: {shown}", file=sys.stderr)
@@ -381,6 +418,20 @@ def report(
         f"overhead_p50_ms={overhead_p50:.1f} overhead_p99_ms={overhead_p99:.1f} ok={not wrong}"
     )
     return 0 if not wrong else 1
+
+
+def stages(streams: list[Stream], arrivals: dict[str, float]) -> tuple[list[float], list[float]]:
+    """For each stream with a first delta: from `create` to the model's request, and from the
+    model's first chunk (its request's arrival + 100 ms) to the client's first delta, in ms."""
+    before, after = [], []
+    for stream in streams:
+        arrived = arrivals.get(stream.tag)
+        if arrived is None or stream.first is None:
+            continue
+        before.append(1000 * (arrived - stream.started_at))
+        first_chunk = arrived + FIRST_CHUNK_SECONDS
+        after.append(1000 * (stream.started_at + stream.first - first_chunk))
+    return before, after
 
 
 if __name__ == "__main__":

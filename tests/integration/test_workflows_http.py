@@ -468,6 +468,44 @@ def test_bulk_answers_racing_over_the_same_runs_answer_each_once(
     assert len([run for run in runs if run.continued_from_run_id]) == len(waiting)
 
 
+def test_bulk_answers_racing_one_at_a_time_over_the_same_runs_answer_each_once(
+    client: FlaskClient, runtime: Runtime
+) -> None:
+    key = key_of(runtime, "acme")
+    waiting = [start_waiting(client, key) for _ in range(12)]
+    # Given a canceled run in every batch, so that none is written together: each batch
+    # answers its runs one at a time, each in a savepoint, in its own transaction
+    canceled = start_waiting(client, key)
+    assert client.post(f"/api/runs/{canceled}/cancel", headers=auth(key)).status_code in (200, 202)
+    wait_for_status(client, key, canceled, "Canceled", timeout=15)
+    app = create_app(runtime, {"TESTING": True})
+    barrier = threading.Barrier(4)
+
+    # When four such requests at once answer all twelve, each in an order of its own
+    def answer_all(seed: int) -> list[dict[str, Any]]:
+        order = random.Random(seed).sample([*waiting, canceled], len(waiting) + 1)
+        body = {"answers": [{"runId": run_id, "answer": seed} for run_id in order]}
+        barrier.wait(timeout=10)
+        response = app.test_client().post("/api/workflows/answers", json=body, headers=auth(key))
+        assert response.status_code == 200, response.get_data(as_text=True)
+        items = list(response.get_json()["items"])
+        assert [item["runId"] for item in items] == order  # the outcomes in the request's order
+        return items
+
+    with ThreadPoolExecutor(4) as pool:
+        answered = [item for items in pool.map(answer_all, range(4)) for item in items]
+
+    # Then none deadlocked (rows are locked in run id order), each run was answered once,
+    # and the canceled one by none
+    winners = sorted(item["runId"] for item in answered if item["status"] == 202)
+    assert winners == sorted(waiting)
+    assert all(item["status"] == 409 for item in answered if item["runId"] == canceled)
+    runs = runtime.runs.page(
+        runtime.tenants.ensure_tenant("acme"), RunFilter(), limit=100, before=None
+    )
+    assert len([run for run in runs if run.continued_from_run_id]) == len(waiting)
+
+
 def test_answers_in_bulk_under_a_key_replay_their_outcomes(
     client: FlaskClient, runtime: Runtime
 ) -> None:

@@ -33,6 +33,7 @@ from tracon_jobs.limits.tree import MAX_CHAIN, ChainUnreadable, chain_cte
 from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runs.reconcile import JOB_RESTARTED
 from tracon_jobs.runs.store import Event, NewRun, RunStore, iso
+from tracon_jobs.runs.store.waiting import Answered
 
 NODES = cast(Table, WorkflowNode.__table__)
 EVENTS = cast(Table, WorkflowEvent.__table__)
@@ -604,26 +605,30 @@ class WorkflowStore:
         transaction: all together in a few statements (`_answer_together`), or, when that
         cannot be, each as `answer` writes it, in a savepoint of its own. Either way one that
         conflicts (its run waits for nothing, another answer won) changes nothing and the
-        others are written. For each, in order: the run that continues it, or the conflict."""
+        others are written. For each, in order: the run that continues it, or the conflict.
+        Rows are locked in run id order, whatever the request's (as `_answer_together` does),
+        so two batches over the same runs wait for each other instead of deadlocking."""
         together = self._answer_together(answers)
         if together is not None:
             return together
-        outcomes: list[Run | RequestConflict] = []
+        outcomes: dict[int, Run | RequestConflict] = {}
         events: list[Event] = []
+        by_run = sorted(range(len(answers)), key=lambda index: (answers[index][0].id, index))
         with self.db.write() as session:
-            for run, answer, new in answers:
+            for index in by_run:
+                run, answer, new = answers[index]
                 try:
                     with session.begin_nested():
                         created, written = self._answer_in(
                             session, run, answer, new, "ask", None, False
                         )
                 except RequestConflict as conflict:
-                    outcomes.append(conflict)
+                    outcomes[index] = conflict
                     continue
-                outcomes.append(created)
+                outcomes[index] = created
                 events += written
         self.runs.publish_all(events)
-        return outcomes
+        return [outcomes[index] for index in range(len(answers))]
 
     def _answer_together(
         self, answers: Sequence[tuple[Run, Any, NewRun]]
@@ -672,16 +677,9 @@ class WorkflowStore:
             now = rows[0][2]
             news = {run_id: answers[first[run_id]][2] for run_id in answered}
             made = self.runs.create_many_in(session, list(news.values()), now)
-            outputs = {run_id: _continued(new) for run_id, new in news.items()}
-            closing = {
-                run_id: [
-                    ("RunContinued", {"node": node, "continuationRunId": news[run_id].id}),
-                    ("RunCompleted", {"status": "Completed", "output": outputs[run_id]}),
-                ]
-                for run_id, node in answered.items()
-            }
+            closing = {run_id: Answered(node, news[run_id].id) for run_id, node in answered.items()}
             queued = [event for _, event in made]
-            closed = self.runs.close_answered_many_in(session, now, outputs, closing, queued)
+            closed = self.runs.close_answered_many_in(session, now, closing, queued)
             if closed is None:
                 raise _Uneven  # one no longer waits (a cancel came between)
         created = {str(run.continued_from_run_id): run for run, _ in made}
@@ -714,13 +712,8 @@ class WorkflowStore:
         ).one_or_none()
         if found is None:
             raise RequestConflict(f"run '{run.id}' is not waiting for {_WAITED[kind]}")
-        answered, now = found  # the database's time, read by the update itself
-        output = _continued(new)
-        closing = [
-            ("RunContinued", {"node": answered, "continuationRunId": new.id}),
-            ("RunCompleted", {"status": "Completed", "output": output}),
-        ]
-        events = self.runs.close_answered_in(session, run.id, now, output, closing)
+        node_name, now = found  # the database's time, read by the update itself
+        events = self.runs.close_answered_in(session, run.id, now, Answered(node_name, new.id))
         if events is None:
             raise RequestConflict(f"run '{run.id}' is no longer waiting")
         created, queued = self.runs.create_in(session, new)
@@ -752,20 +745,26 @@ class _Uneven(Exception):
     """A batch of answers that cannot be written together (`_answer_together`)."""
 
 
-def _continued(new: NewRun) -> dict[str, Any]:
-    """The output of a run whose chain goes on in `new`."""
-    return {"continuedIn": new.id}
-
-
 @functools.cache
 def _answer_asked(count: int) -> Update:
     """The `ask` nodes of `count` runs answered (`p_id_<i>`, `p_result_<i>`) in one update,
-    of those still asked; it returns (run id, node, time) of each. Built once per count."""
+    of those still asked; it returns (run id, node, time) of each. Built once per count.
+
+    The rows are locked first, in run id order (a sub-select `FOR UPDATE` with `ORDER BY`:
+    PostgreSQL's update would lock them in the order it scans them), as `answer_many`'s
+    one-at-a-time path does: two batches over the same runs then wait for each other, where
+    they would deadlock."""
     ids = [bindparam(f"p_id_{i}", type_=NODES.c.run_id.type) for i in range(count)]
     results = [bindparam(f"p_result_{i}", type_=NODES.c.result.type) for i in range(count)]
+    asked = (
+        select(NODES.c.id)
+        .where(NODES.c.run_id.in_(ids), NODES.c.status == "asked", NODES.c.kind == "ask")
+        .order_by(NODES.c.run_id, NODES.c.node)
+        .with_for_update()
+    )
     return (
         update(NODES)
-        .where(NODES.c.run_id.in_(ids), NODES.c.status == "asked", NODES.c.kind == "ask")
+        .where(NODES.c.id.in_(asked), NODES.c.status == "asked")
         .values(
             status="answered",
             result=case(*[(NODES.c.run_id == i, r) for i, r in zip(ids, results, strict=True)]),

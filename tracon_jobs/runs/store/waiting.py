@@ -4,7 +4,8 @@ that continues its chain, canceled)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,6 +30,30 @@ from tracon_jobs.runs.store.statements import (
 )
 from tracon_jobs.runs.store.values import Event, iso
 from tracon_jobs.runs.store.writes import RunWrites
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A waiting run answered at its node `node`: it completes, its chain going on in the run
+    `continuation_id`. Its output and its two closing events follow from that alone, so a
+    batch of them closes in one statement (every run the same events)."""
+
+    node: str
+    continuation_id: str
+
+    @property
+    def output(self) -> dict[str, Any]:
+        return {"continuedIn": self.continuation_id}
+
+    def events(self) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            ("RunContinued", {"node": self.node, "continuationRunId": self.continuation_id}),
+            ("RunCompleted", {"status": "Completed", "output": self.output}),
+        ]
+
+
+_ANSWERED_EVENTS = 2
+"""How many closing events an `Answered` run has (`Answered.events`)."""
 
 
 class WaitingRuns(RunWrites):
@@ -97,48 +122,40 @@ class WaitingRuns(RunWrites):
         return changed is not None
 
     def close_answered_in(
-        self,
-        session: Session,
-        run_id: str,
-        now: datetime,
-        output: dict[str, Any],
-        events: Sequence[tuple[str, dict[str, Any]]],
+        self, session: Session, run_id: str, now: datetime, answered: Answered
     ) -> list[Event] | None:
-        """`Waiting` -> `Completed` with `output` inside the caller's transaction, with its
-        closing `events`: a workflow run answered, whose chain goes on in a new run. One
-        update (its status, the time it waited, the events' seqs) and one insert of the
-        events; None when it no longer waits (another answer, a cancel, came first)."""
+        """`Waiting` -> `Completed` inside the caller's transaction, `answered`: a workflow
+        run whose chain goes on in a new run. One update (its status, the time it waited, the
+        events' seqs) and one insert of its closing events; None when it no longer waits
+        (another answer, a cancel, came first)."""
         params = {
             "p_id": run_id,
-            "p_output": output,
+            "p_output": answered.output,
             "p_ended_at": now,
-            "p_count": len(events),
+            "p_count": _ANSWERED_EVENTS,
             **self.db.clock_params(),
         }
         row = session.execute(_CLOSE_ANSWERED, params).one_or_none()
         if row is None:
             return None
+        events = answered.events()
         return self._insert_numbered(session, run_id, row, events, self._messages(run_id, events))
 
     def close_answered_many_in(
         self,
         session: Session,
         now: datetime,
-        outputs: Mapping[str, dict[str, Any]],
-        events: Mapping[str, Sequence[tuple[str, dict[str, Any]]]],
-        queued: Sequence[Event] = (),
+        answered: Mapping[str, Answered],
+        queued: list[Event],
     ) -> list[Event] | None:
-        """`close_answered_in` of several runs (`outputs` and `events` by run id, each run
-        the same number of closing events) in one update, and their events with `queued`
-        (already numbered: the `RunQueued` of the runs that continue them) in one insert;
-        None, having written nothing, when one of them no longer waits: the caller rolls back
-        and answers them one at a time."""
-        ids = list(outputs)
-        counts = {len(typed) for typed in events.values()}
-        assert len(counts) == 1 and set(events) == set(ids), "one count of events for all"
-        params: dict[str, Any] = {"p_ended_at": now, "p_count": counts.pop()}
+        """`close_answered_in` of several runs (`answered` by run id) in one update, and
+        their closing events with `queued` (already numbered: the `RunQueued` of the runs that
+        continue them) in one insert; None, having written nothing, when one of them no longer
+        waits: the caller rolls back and answers them one at a time."""
+        ids = list(answered)
+        params: dict[str, Any] = {"p_ended_at": now, "p_count": _ANSWERED_EVENTS}
         for i, run_id in enumerate(ids):
-            params |= {f"p_id_{i}": run_id, f"p_output_{i}": outputs[run_id]}
+            params |= {f"p_id_{i}": run_id, f"p_output_{i}": answered[run_id].output}
         params |= self.db.clock_params()
         rows = session.execute(_close_answered_many(len(ids)), params).all()
         if len(rows) != len(ids):
@@ -146,9 +163,10 @@ class WaitingRuns(RunWrites):
         written: list[Event] = []
         messages = []
         for run_id, last, at in rows:
-            numbered = _numbered(str(run_id), last, at, events[str(run_id)])
+            events = answered[str(run_id)].events()
+            numbered = _numbered(str(run_id), last, at, events)
             written += numbered
-            messages.append((numbered, self._messages(str(run_id), events[str(run_id)])))
+            messages.append((numbered, self._messages(str(run_id), events)))
         _insert_events(session, [*written, *queued])
         for numbered, of_run in messages:
             if of_run:
