@@ -45,7 +45,7 @@ LOCAL_REDIS_EXAMPLE = "redis://127.0.0.1:6379/14"
 AGENT = "bench"
 RUN_PATH = f"/api/agents/{AGENT}/run"
 ASYNC = {"Prefer": "respond-async"}
-GOALS = {"sqlite": 0.45, "postgresql": 0.40}
+GOALS = {"sqlite": 0.80, "postgresql": 0.70}
 """The ratio each database is held to; PostgreSQL's is lower for its network round trips."""
 WARMUP = 20
 ROUNDS = 3
