@@ -266,6 +266,7 @@ class ChatFrames:
     the stream with an error (see the module's docstring)."""
 
     shared = False
+    live_shared = False
     needs_run = True
 
     def __init__(
@@ -311,6 +312,7 @@ class ResponseFrames:
     """A run as the Responses API's typed events (`ResponseEvents`)."""
 
     shared = False
+    live_shared = False
     needs_run = True
 
     def __init__(self, run: Run, model: str, cancel_on_disconnect: bool = False) -> None:

@@ -67,6 +67,9 @@ class Follow(Protocol):
     """Whether `closing` needs the ended run (read once the terminal event is in)."""
     done: bool
     """Set by `live` when the stream ends there (its last frames were returned)."""
+    live_shared: bool
+    """Whether `live` depends on the item alone, and never sets `done` (a hub encodes each
+    live item once for all such followers of the run)."""
 
     def opening(self) -> str: ...
 
@@ -90,6 +93,7 @@ class EventFrames:
 
     needs_run = False
     done = False
+    live_shared = True
 
     def __init__(self, run_id: str, origin: str | None = None) -> None:
         self.run_id = run_id

@@ -114,8 +114,16 @@ class Follower:
             self.out += LAST_CHUNK
         self.ending = True
 
-    def queue_live(self, items: list[LiveItem]) -> None:
+    def queue_live(self, items: list[LiveItem], encoded: dict[LiveItem, str] | None = None) -> None:
+        """Queue the frames of `items`; `encoded`, the frames of this run's items encoded
+        so far, is used and filled when the follow's `live` depends on the item alone."""
         for item in items:
+            if encoded is not None and self.follow.live_shared:
+                text = encoded.get(item)
+                if text is None:
+                    text = encoded[item] = self.follow.live(item)
+                self.queue(text)
+                continue
             self.queue(self.follow.live(item))
             if self.follow.done and not self.ending:  # the stream ends here
                 if self.chunked:
@@ -405,12 +413,13 @@ class StreamHub:
 
     def apply(self, run_id: str, delta: TextDelta) -> None:
         now = time.monotonic()
+        encoded: dict[LiveItem, str] = {}  # the run's followers mostly get the same items
         for follower in list(self.followers.get(run_id, ())):
             if follower.ending:
                 continue
             items = follower.cursor.delta(delta)
             if items:
-                follower.queue_live(items)
+                follower.queue_live(items, encoded)
                 follower.quiet_until = now + self.keepalive
                 self.flush(follower)
         self.snapshot_if_needed(run_id)

@@ -5,6 +5,7 @@ the cap counts across the cluster."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import time
@@ -154,3 +155,57 @@ def test_places_of_many_tenants_are_given_back_together(runtime: Runtime) -> Non
     assert (places.held("acme"), places.held("globex")) == (1, 0)  # only what was given back
     places.give_back_all([])
     assert places.held("acme") == 1
+
+
+@pytest.fixture
+def text_hub(runtime: Runtime) -> Iterator[StreamHub]:
+    places = StreamPlaces(runtime.redis, 4)
+    hub = StreamHub(runtime.runs, runtime.feed, places, keepalive=0.3, live_text=runtime.live_text)
+    yield hub
+    hub.close()
+
+
+def deltas(text: str) -> list[tuple[int, str]]:
+    """The `ModelTextDelta` frames a client read: (callSeq, text) each, in order."""
+    found = re.findall(r"^event: ModelTextDelta\ndata: (.*)$", text, flags=re.M)
+    return [(item["data"]["callSeq"], item["data"]["text"]) for item in map(json.loads, found)]
+
+
+def test_followers_of_one_run_each_get_its_text_once_whenever_they_joined(
+    runtime: Runtime, text_hub: StreamHub
+) -> None:
+    run_id = new_run(runtime)
+    claim = claim_run(runtime, run_id, "w1")
+    assert claim is not None
+    call = runtime.runs.append(
+        claim, "ModelCallStarted", {"turn": 0, "provider": "a", "model": "m"}
+    )
+    places = StreamPlaces(runtime.redis, 4)
+    # Given two followers from the start of the call, sent its first piece
+    early = [follow(text_hub, places, run_id) for _ in range(2)]
+    for client in early:
+        client.read_until(lambda text: f"id: {call.seq}\n" in text)
+    runtime.live_text.append(run_id, call.seq, "one ")
+    for client in early:
+        client.read_until(lambda text: "one " in text)
+
+    # When a third joins mid-call, and two more pieces come (the hub encodes each once
+    # for every follower whose frame depends on the piece alone)
+    late = follow(text_hub, places, run_id)
+    late.read_until(lambda text: "one " in text)
+    runtime.live_text.append(run_id, call.seq, "two ")
+    runtime.live_text.append(run_id, call.seq, "three")
+    clients = [*early, late]
+    for client in clients:
+        client.read_until(lambda text: "three" in text)
+
+    # Then each got the call's text once, in order: the late one its text so far in one
+    # delta, then the same pieces as the others
+    for client in early:
+        assert deltas(client.text()) == [
+            (call.seq, "one "),
+            (call.seq, "two "),
+            (call.seq, "three"),
+        ]
+    assert deltas(late.text()) == [(call.seq, "one "), (call.seq, "two "), (call.seq, "three")]
+    assert all("".join(text for _, text in deltas(c.text())) == "one two three" for c in clients)
