@@ -13,7 +13,10 @@ chunk and `data: [DONE]`. In one invocation, `--rounds` times, one after the oth
 
 Each call is timed from just before `create` to its first non-empty content delta; the
 overhead is tracon's figure minus the direct one, at p50 and at p99. Every stream's deltas
-must arrive in order and add up to the model's answer. See bench/README.md for how to read it.
+must arrive in order and add up to the model's answer. The model logs when each request
+reaches it (the stream's tag is its user message), so each side's time to a first delta is
+split into "to the model's request" and "its first chunk to the client". See bench/README.md
+for how to read it.
 """
 
 from __future__ import annotations
