@@ -48,13 +48,21 @@ ASYNC = {"Prefer": "respond-async"}
 
 
 def start_waiting(client: FlaskClient, key: str) -> str:
-    response = client.post(
-        "/api/workflows/hundred/run", json={"input": {}}, headers=auth(key, **ASYNC)
-    )
-    assert response.status_code == 202
-    run_id = str(response.get_json()["runId"])
-    wait_for_status(client, key, run_id, "Waiting", timeout=15)
-    return run_id
+    return start_all_waiting(client, key, 1)[0]
+
+
+def start_all_waiting(client: FlaskClient, key: str, count: int) -> list[str]:
+    """`count` runs of `hundred`, all submitted, then each waited for until it asks."""
+    run_ids = []
+    for _ in range(count):
+        response = client.post(
+            "/api/workflows/hundred/run", json={"input": {}}, headers=auth(key, **ASYNC)
+        )
+        assert response.status_code == 202
+        run_ids.append(str(response.get_json()["runId"]))
+    for run_id in run_ids:
+        wait_for_status(client, key, run_id, "Waiting", timeout=15)
+    return run_ids
 
 
 def test_start_streams_events_by_default(client: FlaskClient, runtime: Runtime) -> None:
@@ -338,7 +346,7 @@ def test_answers_in_bulk_continue_each_chain_and_one_that_cannot_changes_no_othe
     client: FlaskClient, runtime: Runtime
 ) -> None:
     key, other = key_of(runtime, "acme"), key_of(runtime, "globex")
-    waiting = [start_waiting(client, key) for _ in range(3)]
+    waiting = start_all_waiting(client, key, 3)
     theirs = start_waiting(client, other)
     done = client.post(
         "/api/workflows/three-nodes/run", json={"input": {}}, headers=auth(key, **ASYNC)
@@ -406,7 +414,7 @@ def test_answers_in_bulk_beside_a_canceled_run_answer_the_others_and_not_it(
     client: FlaskClient, runtime: Runtime
 ) -> None:
     key = key_of(runtime, "acme")
-    waiting = [start_waiting(client, key) for _ in range(3)]
+    waiting = start_all_waiting(client, key, 3)
     # Given one of them canceled while it waited (its question stays asked, its run ended)
     canceled = client.post(f"/api/runs/{waiting[1]}/cancel", headers=auth(key))
     assert canceled.status_code in (200, 202)
@@ -439,7 +447,7 @@ def test_bulk_answers_racing_over_the_same_runs_answer_each_once(
     client: FlaskClient, runtime: Runtime
 ) -> None:
     key = key_of(runtime, "acme")
-    waiting = [start_waiting(client, key) for _ in range(12)]
+    waiting = start_all_waiting(client, key, 12)
     app = create_app(runtime, {"TESTING": True})
     barrier = threading.Barrier(4)
 
@@ -472,7 +480,7 @@ def test_bulk_answers_racing_one_at_a_time_over_the_same_runs_answer_each_once(
     client: FlaskClient, runtime: Runtime
 ) -> None:
     key = key_of(runtime, "acme")
-    waiting = [start_waiting(client, key) for _ in range(12)]
+    waiting = start_all_waiting(client, key, 12)
     # Given a canceled run in every batch, so that none is written together: each batch
     # answers its runs one at a time, each in a savepoint, in its own transaction
     canceled = start_waiting(client, key)
