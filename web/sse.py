@@ -68,8 +68,8 @@ class Follow(Protocol):
     done: bool
     """Set by `live` when the stream ends there (its last frames were returned)."""
     live_shared: bool
-    """Whether `live` depends on the item alone, and never sets `done` (a hub encodes each
-    live item once for all such followers of the run)."""
+    """Whether `live` depends on the item alone (a hub encodes each live item once for all
+    such followers of the run)."""
 
     def opening(self) -> str: ...
 

@@ -122,9 +122,9 @@ class Follower:
                 text = encoded.get(item)
                 if text is None:
                     text = encoded[item] = self.follow.live(item)
-                self.queue(text)
-                continue
-            self.queue(self.follow.live(item))
+            else:
+                text = self.follow.live(item)
+            self.queue(text)
             if self.follow.done and not self.ending:  # the stream ends here
                 if self.chunked:
                     self.out += LAST_CHUNK
