@@ -14,7 +14,7 @@ their connection and come back with `Last-Event-ID`. Measured in the same run:
   its reconnect, and every stream ended with the run.
 
 With `--stream` the runs stream: each beat is one model call (`ModelCallStarted`, then
-`--deltas-per-second` pieces of text published live with the worker's own `text_append`,
+`--deltas-per-second` pieces of text published live with the worker's own `text_send`,
 then `ModelCallCompleted` with the whole text), the followers get `ModelTextDelta` frames
 too, and their delivery is timed from the send time each piece carries.
 
@@ -360,7 +360,7 @@ def produce_streams(
 ) -> None:
     """As `produce`, each beat of a run one model call whose text streams: its
     `ModelCallStarted`, `--deltas-per-second` pieces published as the worker publishes them
-    (`LiveText.append`: the `text_append` script), then its `ModelCallCompleted` with the
+    (`LiveText.append`: the `text_send` script), then its `ModelCallCompleted` with the
     whole text, the turn text forgotten. Each piece is `<index>@<time.time() just before its
     append> `, so a follower times every delta frame by the newest piece in it."""
     claims, last = claim_all(runtime, run_ids)

@@ -22,7 +22,7 @@ import redis
 from tracon_jobs.coordination.event_feed import RedisEventFeed
 from tracon_jobs.coordination.fair_share import RedisFairStore
 from tracon_jobs.coordination.leases import RedisLeaseStore
-from tracon_jobs.coordination.live_text import RedisLiveText
+from tracon_jobs.coordination.live_text import APPEND, FORGET, RedisLiveText, TextOp
 from tracon_jobs.coordination.streams import StreamPlace, StreamPlaces
 from tracon_jobs.limits.budget_store import Limits, RedisBudgetStore, Totals
 from tracon_jobs.limits.quota_store import RedisQuotaStore, window_of
@@ -113,8 +113,11 @@ CALL_SITES: dict[str, Callable[[Stores], object]] = {
     "stream_acquire": lambda s: s.streams.take("tenant-a"),
     "stream_renew": lambda s: s.streams.renew([StreamPlace("tenant-a")]),
     "feed_publish": lambda s: s.feed.publish("run-1", 1),
-    "text_append": lambda s: s.live_text.append("run-1", 1, "Hello"),
-    "text_reset": lambda s: s.live_text.reset("run-1", 1),
+    "text_send (an append)": lambda s: s.live_text.append("run-1", 1, "Hello"),
+    "text_send (a withdrawal)": lambda s: s.live_text.reset("run-1", 1),
+    "text_send (ops of two runs)": lambda s: s.live_text.send(
+        [TextOp("run-1", 1, APPEND, "Hi"), TextOp("run-2", 1, FORGET)]
+    ),
     "fair_share (offer)": lambda s: s.fair.offer("run-1", "tenant-a", 5, None),
     "fair_share (register)": lambda s: s.fair.register("worker-1", 4, {"tenant-a": 1}),
     "fair_share (take)": lambda s: s.fair.take("run-1"),
@@ -133,7 +136,14 @@ CROSS_SLOT: dict[str, str] = {
 """The call sites whose keys span slots, and why: they stay on `Redis:Url` (one server or a
 Sentinel group). The tests check each is still cross-slot, so this list cannot go stale."""
 
-ON_REDIS_URL = {"feed_publish", "text_append", "text_reset"}
+SPLIT_ON_A_CLUSTER: dict[str, str] = {
+    "text_send (ops of two runs)": "the live text of a worker's streaming calls, sent together "
+    "on `Redis:Url`; a cluster client sends one op a call",
+}
+"""The call sites whose keys span slots on one server, and which a cluster client cuts into
+one call a slot itself: the tests check both."""
+
+ON_REDIS_URL = {"feed_publish", *(site for site in CALL_SITES if site.startswith("text_send"))}
 """One slot each, but they `PUBLISH` to the web's listeners: they stay with the pub/sub
 subscribers on `Redis:Url` (in a cluster every publish is broadcast to every node)."""
 
@@ -146,7 +156,10 @@ class Recorded(Exception):
 
 
 class Recorder:
-    """Stands for a store's `Scripts`: keeps each call's script and keys, sends nothing."""
+    """Stands for a store's `Scripts` (of one server): keeps each call's script and keys,
+    sends nothing."""
+
+    cluster = False
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[str]]] = []

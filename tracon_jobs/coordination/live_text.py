@@ -2,7 +2,7 @@
 
 While a call streams, its worker appends each coalesced piece of text to the run's *turn
 text* in Redis (a hash: the call's seq, the text so far; a TTL renewed at every append) and
-publishes the piece as a delta on one channel, in one script call (`text_append.lua`): so
+publishes the piece as a delta on one channel, in the same script (`text_send.lua`): so
 every delta carries its `offset`, the UTF-8 bytes of the call's text before it, and a
 follower that holds the first `n` bytes takes from any delta or snapshot exactly what comes
 after them. Nothing twice, nothing missing, whichever of the live deltas and the snapshot
@@ -13,26 +13,31 @@ went out withdraws it (`reset`: the delta `withdrawn`); one that completed forge
 (`forget`), since its `ModelCallCompleted` holds the whole text. A later call of the run
 replaces the turn text; a writer with an earlier call (one that lost the run) changes nothing.
 
-`TurnWriter` is the worker's side: it coalesces the provider's deltas (the first at once,
-then at most one publication per `COALESCE_SECONDS` or `COALESCE_BYTES`), flushed by one
-thread per process when a call goes quiet.
+`TurnWriter` is the worker's side. A call's first piece goes out at once, on the call's
+thread; the later ones, its withdrawal and its forgetting go to the process's `TextSender`,
+one thread that sends every call's waiting changes together, in one round trip, at most
+`COALESCE_SECONDS` after the oldest of them was made (or as soon as a call holds
+`COALESCE_BYTES`): a piece waits no longer than before, and a hundred streaming calls of one
+worker cost one round trip a tick instead of one each. A call's pieces that meet in one
+tick go out as one delta, so each delta is still one publication.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import redis
 
 from tracon_jobs.coordination.event_feed import Listening, RedisListener, Resync
 from tracon_jobs.coordination.scripts import Scripts
-from tracon_jobs.timers import timers
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,22 @@ class TextDelta:
             return None
 
 
+APPEND: Literal["a"] = "a"
+WITHDRAW: Literal["x"] = "x"
+FORGET: Literal["f"] = "f"
+
+
+@dataclass(frozen=True, slots=True)
+class TextOp:
+    """One change of a run's turn text: add `text` to call `call_seq`'s (`APPEND`), withdraw
+    what was published of it (`WITHDRAW`), or forget it (`FORGET`, the call completed)."""
+
+    run_id: str
+    call_seq: int
+    what: Literal["a", "x", "f"]
+    text: str = ""
+
+
 @dataclass(frozen=True)
 class TurnText:
     """A run's streaming call: its seq and its text so far (UTF-8)."""
@@ -78,6 +99,10 @@ OnDelta = Callable[[TextDelta], None]
 
 
 class LiveText(Protocol):
+    def send(self, ops: Sequence[TextOp]) -> None:
+        """Apply `ops` in order (each as if alone), in one round trip where it can."""
+        ...
+
     def append(self, run_id: str, call_seq: int, text: str) -> None: ...
 
     def reset(self, run_id: str, call_seq: int) -> None:
@@ -96,7 +121,23 @@ class LiveText(Protocol):
         ...
 
 
-class RedisLiveText:
+class TextOps:
+    """`append`, `reset` and `forget`, each one op `send`s."""
+
+    def send(self, ops: Sequence[TextOp]) -> None:
+        raise NotImplementedError
+
+    def append(self, run_id: str, call_seq: int, text: str) -> None:
+        self.send([TextOp(run_id, call_seq, APPEND, text)])
+
+    def reset(self, run_id: str, call_seq: int) -> None:
+        self.send([TextOp(run_id, call_seq, WITHDRAW)])
+
+    def forget(self, run_id: str, call_seq: int) -> None:
+        self.send([TextOp(run_id, call_seq, FORGET)])
+
+
+class RedisLiveText(TextOps):
     """Turn texts in Redis hashes, deltas on one pub/sub channel."""
 
     def __init__(self, client: redis.Redis, prefix: str = "tracon") -> None:
@@ -111,25 +152,21 @@ class RedisLiveText:
     def channel(self) -> str:
         return f"{self.prefix}:run-text"
 
-    def append(self, run_id: str, call_seq: int, text: str) -> None:
-        args = [call_seq, text, TURN_TEXT_TTL_SECONDS, self.channel, run_id]
-        try:
-            self.scripts("text_append", [self.key(run_id)], args)
-        except redis.RedisError as exc:  # the answer goes on; followers get it whole at its end
-            log.warning("live text of run %s not published: %s", run_id, exc)
-
-    def reset(self, run_id: str, call_seq: int) -> None:
-        self._reset(run_id, call_seq, publish=True)
-
-    def forget(self, run_id: str, call_seq: int) -> None:
-        self._reset(run_id, call_seq, publish=False)
-
-    def _reset(self, run_id: str, call_seq: int, *, publish: bool) -> None:
-        args = [call_seq, self.channel, run_id, "1" if publish else "0"]
-        try:
-            self.scripts("text_reset", [self.key(run_id)], args)
-        except redis.RedisError as exc:  # the TTL forgets it; the durable events still tell
-            log.warning("live text of run %s not reset: %s", run_id, exc)
+    def send(self, ops: Sequence[TextOp]) -> None:
+        """One script call for all `ops`; on a cluster client (whose keys of many runs span
+        slots) one each, in order. A failure loses the ops: the answer goes on, and its
+        followers get its text whole from its `ModelCallCompleted` (or the TTL forgets it)."""
+        batches = [[op] for op in ops] if self.scripts.cluster else [list(ops)]
+        for batch in batches:
+            keys = [self.key(op.run_id) for op in batch]
+            args: list[Any] = [self.channel, TURN_TEXT_TTL_SECONDS]
+            for op in batch:
+                args += [op.what, op.call_seq, op.run_id, op.text]
+            try:
+                self.scripts("text_send", keys, args)
+            except redis.RedisError as exc:
+                runs = ", ".join(sorted({op.run_id for op in batch}))
+                log.warning("live text of runs %s not sent: %s", runs, exc)
 
     def snapshot(self, run_id: str) -> TurnText | None:
         found: Any = self.client.hmget(self.key(run_id), ["call", "text"])
@@ -149,7 +186,7 @@ class RedisLiveText:
         return listener
 
 
-class MemoryLiveText:
+class MemoryLiveText(TextOps):
     """The same contract inside one process."""
 
     def __init__(self) -> None:
@@ -157,35 +194,31 @@ class MemoryLiveText:
         self._texts: dict[str, TurnText] = {}
         self._listeners: list[_MemoryListening] = []
 
-    def append(self, run_id: str, call_seq: int, text: str) -> None:
-        with self._lock:
-            held = self._texts.get(run_id)
-            if held is not None and held.call_seq > call_seq:
-                return
-            before = held.text if held is not None and held.call_seq == call_seq else b""
-            piece = text.encode()
-            self._texts[run_id] = TurnText(call_seq, before + piece)
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener.on_delta(TextDelta(run_id, call_seq, len(before), piece))
-
-    def reset(self, run_id: str, call_seq: int) -> None:
-        if self._forget(run_id, call_seq):
+    def send(self, ops: Sequence[TextOp]) -> None:
+        for op in ops:
+            delta = self._apply(op)
+            if delta is None:
+                continue
             with self._lock:
                 listeners = list(self._listeners)
             for listener in listeners:
-                listener.on_delta(TextDelta(run_id, call_seq, 0, b"", withdrawn=True))
+                listener.on_delta(delta)
 
-    def forget(self, run_id: str, call_seq: int) -> None:
-        self._forget(run_id, call_seq)
-
-    def _forget(self, run_id: str, call_seq: int) -> bool:
+    def _apply(self, op: TextOp) -> TextDelta | None:
+        """The op applied; the delta it publishes, if any."""
         with self._lock:
-            held = self._texts.get(run_id)
-            if held is not None and held.call_seq > call_seq:
-                return False
-            self._texts.pop(run_id, None)
-            return True
+            held = self._texts.get(op.run_id)
+            if held is not None and held.call_seq > op.call_seq:
+                return None
+            if op.what != APPEND:
+                self._texts.pop(op.run_id, None)
+                if op.what == WITHDRAW:
+                    return TextDelta(op.run_id, op.call_seq, 0, b"", withdrawn=True)
+                return None
+            before = held.text if held is not None and held.call_seq == op.call_seq else b""
+            piece = op.text.encode()
+            self._texts[op.run_id] = TurnText(op.call_seq, before + piece)
+            return TextDelta(op.run_id, op.call_seq, len(before), piece)
 
     def snapshot(self, run_id: str) -> TurnText | None:
         with self._lock:
@@ -210,12 +243,115 @@ class _MemoryListening:
                 self.live._listeners.remove(self)
 
 
-class TurnWriter:
-    """One streaming call's text, coalesced into deltas (see the module's docstring).
+class TextSender:
+    """The process's thread that sends the live text of its streaming calls (see the module's
+    docstring): `put` queues an op; the thread sends everything queued, joined (a call's
+    appends that follow each other are one), in one `send`, once the oldest op has waited
+    `seconds`, or at once after `put(..., now=True)`; `put_and_wait` returns once its op
+    was sent."""
 
-    `text` takes the provider's pieces on the call's thread; a piece waits at most
-    `COALESCE_SECONDS` (the process's flusher thread publishes it when the call goes quiet).
-    `close` publishes what waits; `withdraw` tells followers the text so far is withdrawn."""
+    def __init__(self, live: LiveText, seconds: float = COALESCE_SECONDS) -> None:
+        self.live = live
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._ops: list[TextOp] = []
+        self._oldest = 0.0  # monotonic time the oldest queued op was put
+        self._now = False
+        self._sent: list[threading.Event] = []  # set once the queued ops are sent
+        self._thread: threading.Thread | None = None
+
+    def put_and_wait(self, op: TextOp, timeout: float = 5.0) -> None:
+        sent = threading.Event()
+        self.put(op, now=True, sent=sent)
+        sent.wait(timeout)
+
+    def put(self, op: TextOp, *, now: bool = False, sent: threading.Event | None = None) -> None:
+        with self._lock:
+            if sent is not None:
+                self._sent.append(sent)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="live-text", daemon=True)
+                self._thread.start()
+            wake = not self._ops or (now and not self._now)  # else it is awake or due anyway
+            if not self._ops:
+                self._oldest = time.monotonic()
+            self._ops.append(op)
+            self._now = self._now or now
+            if wake:
+                self._work.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    if self._ops:
+                        wait = self._oldest + self.seconds - time.monotonic()
+                        if self._now or wait <= 0:
+                            break
+                        self._work.wait(wait)
+                    else:
+                        self._work.wait()
+                ops, self._ops, self._now = self._ops, [], False
+                sent, self._sent = self._sent, []
+            try:
+                self.live.send(joined(ops))
+            except Exception:  # the answers go on; their followers get them whole at their end
+                log.exception("live text not sent")
+            for event in sent:
+                event.set()
+
+
+def joined(ops: Sequence[TextOp]) -> list[TextOp]:
+    """`ops` in order, with each append that follows another of the same call, with no op of
+    its run in between, joined into it: what a follower sees is the same text."""
+    out: list[TextOp] = []
+    last: dict[str, int] = {}  # run -> the index in `out` of its latest op
+    for op in ops:
+        at = last.get(op.run_id)
+        if at is not None and op.what == APPEND:
+            before = out[at]
+            if before.what == APPEND and before.call_seq == op.call_seq:
+                out[at] = TextOp(op.run_id, op.call_seq, APPEND, before.text + op.text)
+                continue
+        last[op.run_id] = len(out)
+        out.append(op)
+    return out
+
+
+_senders: weakref.WeakKeyDictionary[Any, tuple[int, TextSender]] = weakref.WeakKeyDictionary()
+_senders_lock = threading.Lock()
+
+
+def sender_of(live: LiveText) -> TextSender:
+    """This process's sender for `live`, made on first use (a forked child makes its own)."""
+    found = _senders.get(live)
+    if found is not None and found[0] == os.getpid():
+        return found[1]
+    with _senders_lock:
+        found = _senders.get(live)
+        if found is None or found[0] != os.getpid():
+            found = _senders[live] = (os.getpid(), TextSender(live))
+        return found[1]
+
+
+def _new_lock_after_fork() -> None:
+    global _senders_lock
+    _senders_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+class TurnWriter:
+    """One streaming call's text (see the module's docstring).
+
+    `text` takes the provider's pieces on the call's thread: the first is published at once,
+    the later ones by the process's `TextSender`, at most `COALESCE_SECONDS` later (at once
+    when `COALESCE_BYTES` wait). `close` ignores later pieces; `withdraw` tells followers the
+    text so far is withdrawn; `forget` lets go of it once the call's `ModelCallCompleted` is
+    written. Whatever the sender holds of the call goes out before the withdrawal or the
+    forgetting: one thread sends them, in order."""
 
     def __init__(
         self,
@@ -223,21 +359,18 @@ class TurnWriter:
         run_id: str,
         call_seq: int,
         *,
-        seconds: float = COALESCE_SECONDS,
         max_bytes: int = COALESCE_BYTES,
+        sender: TextSender | None = None,
     ) -> None:
         self.live = live
         self.run_id = run_id
         self.call_seq = call_seq
-        self.seconds = seconds
         self.max_bytes = max_bytes
+        self.sender = sender or sender_of(live)
         self._lock = threading.Lock()
-        self._pending: list[str] = []
-        self._pending_bytes = 0
-        self._last_sent = 0.0  # monotonic time of the last publication (0: none yet)
+        self._queued_bytes = 0  # bytes put since the sender was last asked to send at once
         self._closed = False
         self.sent_any = False
-        self.published = 0  # deltas published (the benchmark counts Redis calls by it)
 
     def text(self, piece: str) -> None:
         if not piece:
@@ -245,49 +378,33 @@ class TurnWriter:
         with self._lock:
             if self._closed:
                 return
-            self._pending.append(piece)
-            self._pending_bytes += len(piece.encode())
-            now = time.monotonic()
-            due = self._last_sent + self.seconds
-            if self._pending_bytes >= self.max_bytes or now >= due:
-                self._send_locked(now)
+            if not self.sent_any:  # the first at once, on this thread: nothing of the call
+                self.sent_any = True  # waits in the sender before it
+                self.live.append(self.run_id, self.call_seq, piece)
                 return
-            schedule = len(self._pending) == 1
-        if schedule:
-            timers("live-text-flusher").at(due, self.flush_due)
-
-    def flush_due(self) -> None:
-        """From the flusher's thread: publish what waits, if it still does."""
-        with self._lock:
-            if self._pending and not self._closed:
-                self._send_locked(time.monotonic())
+            self._queued_bytes += len(piece.encode())
+            now = self._queued_bytes >= self.max_bytes
+            if now:
+                self._queued_bytes = 0
+            self.sender.put(TextOp(self.run_id, self.call_seq, APPEND, piece), now=now)
 
     def close(self) -> None:
-        """Publish what waits; later pieces are ignored."""
+        """The call's answer is whole: later pieces are ignored (the queued ones go out)."""
         with self._lock:
-            if self._pending and not self._closed:
-                self._send_locked(time.monotonic())
             self._closed = True
 
     def withdraw(self) -> None:
-        """The call failed: drop what waits and withdraw what was published."""
+        """The call failed: withdraw what was published (after what is queued), and return once
+        followers were told, so that no text of a later call (a fallback's) goes out first."""
         with self._lock:
-            self._pending.clear()
             self._closed = True
             sent = self.sent_any
         if sent:
-            self.live.reset(self.run_id, self.call_seq)
+            self.sender.put_and_wait(TextOp(self.run_id, self.call_seq, WITHDRAW))
 
     def forget(self) -> None:
         """The call's `ModelCallCompleted` is written: the turn text is not needed any more."""
-        if self.sent_any:
-            self.live.forget(self.run_id, self.call_seq)
-
-    def _send_locked(self, now: float) -> None:
-        text = "".join(self._pending)
-        self._pending.clear()
-        self._pending_bytes = 0
-        self._last_sent = now
-        self.sent_any = True
-        self.published += 1
-        self.live.append(self.run_id, self.call_seq, text)  # under the lock: in order
+        with self._lock:
+            self._closed = True
+            if self.sent_any:
+                self.sender.put(TextOp(self.run_id, self.call_seq, FORGET))
