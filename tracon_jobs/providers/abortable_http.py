@@ -45,17 +45,24 @@ class CallGuard:
             if self._waiting_on is not None:
                 _shut_down(self._waiting_on)
 
-    @contextlib.contextmanager
-    def waiting_on(self, sock: socket.socket) -> Iterator[None]:
+    def enter(self, sock: socket.socket) -> None:
+        """The thread is about to wait on `sock` (`leave` once it is done, whatever happened)."""
         with self._lock:
             if self.aborted:
                 raise httpcore2.ReadError("the call was aborted")
             self._waiting_on = sock
+
+    def leave(self) -> None:
+        with self._lock:
+            self._waiting_on = None
+
+    @contextlib.contextmanager
+    def waiting_on(self, sock: socket.socket) -> Iterator[None]:
+        self.enter(sock)
         try:
             yield
         finally:
-            with self._lock:
-                self._waiting_on = None
+            self.leave()
 
 
 @contextlib.contextmanager
@@ -92,13 +99,26 @@ class AbortableStream(NetworkStream):
         self._inner = inner
         self._sock = sock
 
+    # read and write are each chunk's path: the guard's calls inline, not a context manager
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        with _waiting(self._sock):
+        guard: CallGuard | None = getattr(_local, "guard", None)
+        if guard is None:
             return self._inner.read(max_bytes, timeout)
+        guard.enter(self._sock)
+        try:
+            return self._inner.read(max_bytes, timeout)
+        finally:
+            guard.leave()
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        with _waiting(self._sock):
+        guard: CallGuard | None = getattr(_local, "guard", None)
+        if guard is None:
+            return self._inner.write(buffer, timeout)
+        guard.enter(self._sock)
+        try:
             self._inner.write(buffer, timeout)
+        finally:
+            guard.leave()
 
     def close(self) -> None:
         self._inner.close()
