@@ -15,8 +15,11 @@ Each call is timed from just before `create` to its first non-empty content delt
 overhead is tracon's figure minus the direct one, at p50 and at p99. Every stream's deltas
 must arrive in order and add up to the model's answer. The model logs when each request
 reaches it (the stream's tag is its user message), so each side's time to a first delta is
-split into "to the model's request" and "its first chunk to the client". See bench/README.md
-for how to read it.
+split into "to the model's request" and "its first chunk to the client". The CPU each side
+costs a stream is read too, every process apart (the web's and the worker's process groups,
+the model's, this process's client threads, and Redis from its own `INFO cpu`): it says what
+a burst of streams asks of the machine's CPUs before the last of them can start. See
+bench/README.md for how to read it.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -44,6 +48,7 @@ from bench.harness import (
     CLI,
     SSE_HEAD,
     STARTUP_TIMEOUT,
+    GroupCpu,
     commands,
     completion_chunk,
     content_length,
@@ -327,14 +332,50 @@ def benchmark(options: Options, workdir: Path, children: Supervisor, cleanup: Ex
     direct_streams: list[Stream] = []
     tracon_streams: list[Stream] = []
     redis_commands = 0
+    cpu = {"direct": Cpu(), "through tracon": Cpu()}
     for _ in range(options.rounds):
-        direct_streams += measure(direct, MODEL, options.streams)
+        with cpu["direct"].counting(children, counter):
+            direct_streams += measure(direct, MODEL, options.streams)
         before = commands(counter)
-        tracon_streams += measure(tracon, AGENT, options.streams)
-        time.sleep(0.5)  # the runs' last writes (the run ends after its stream's last frame)
+        with cpu["through tracon"].counting(children, counter):
+            tracon_streams += measure(tracon, AGENT, options.streams)
+            time.sleep(0.5)  # the runs' last writes (the run ends after its stream's last frame)
         redis_commands += commands(counter) - before - 1
     children.check_alive()
-    return report(options, direct_streams, tracon_streams, redis_commands, read_arrivals(arrivals))
+    return report(
+        options, direct_streams, tracon_streams, redis_commands, read_arrivals(arrivals), cpu
+    )
+
+
+@dataclass
+class Cpu:
+    """CPU seconds one side spent, by process, over its rounds."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def counting(self, children: Supervisor, client: redis.Redis) -> Iterator[None]:
+        groups = GroupCpu({child.name: child.popen.pid for child in children.running()})
+        mine, server = _own_cpu(), _redis_cpu(client)
+        yield
+        groups.stop()
+        found = {**groups.seconds, CLIENT: _own_cpu() - mine, "redis": _redis_cpu(client) - server}
+        for name, seconds in found.items():
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+
+CLIENT = "bench client"
+CPU_ORDER = ("web", "worker", "model", "redis", CLIENT)
+
+
+def _own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def read_arrivals(path: Path) -> dict[str, float]:
@@ -355,6 +396,7 @@ def report(
     tracon: list[Stream],
     redis_commands: int,
     arrivals: dict[str, float],
+    cpu: dict[str, Cpu],
 ) -> int:
     print(
         f"B7: time to first token, {options.streams} concurrent streams, {options.rounds} "
@@ -413,6 +455,22 @@ def report(
             f"{percentile(before, 0.99):>6.1f} ms; its first chunk to the client "
             f"{percentile(after, 0.5):>6.1f} / {percentile(after, 0.99):>6.1f} ms"
         )
+    print("  CPU a stream, ms (each process, all its threads, over the side's rounds):")
+    totals = {}
+    for (label, side), streams in zip(cpu.items(), (direct, tracon), strict=True):
+        per = {
+            name: 1000 * side.seconds.get(name, 0.0) / max(1, len(streams)) for name in CPU_ORDER
+        }
+        totals[label] = sum(per.values())
+        parts = ", ".join(f"{name} {ms:.2f}" for name, ms in per.items())
+        print(f"    {label:<15} {parts}; all {totals[label]:.2f}")
+    added = totals["through tracon"] - totals["direct"]
+    cpus = os.cpu_count() or 1
+    print(
+        f"    through tracon a stream costs {added:.2f} ms of CPU more: {options.streams} "
+        f"streams at once ask {options.streams * added / cpus:.0f} ms more of each of the "
+        f"machine's {cpus} CPUs"
+    )
     for stream in wrong[:5]:
         shown = stream.problem or f"deltas {stream.deltas!r}"
         print(f"    FAILED stream {stream.run_id or '(direct)'}: {shown}", file=sys.stderr)

@@ -620,6 +620,9 @@ class Runtime:
             self.deliverer.stop()
         if "webhook_sender" in self.__dict__:
             self.webhook_sender.close()
+        executor = self.__dict__.get("executor")
+        if executor is not None and executor.text_sender is not None:
+            executor.text_sender.close()  # the live text it holds goes out first
         self.providers.close_all()
         self.db.dispose()
         coordination = self.__dict__.get("coordination")

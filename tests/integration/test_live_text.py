@@ -93,6 +93,11 @@ class CountingSends(TextOps):
         return self.inner.listen(on_delta, resync)
 
 
+def call_r1(live: LiveText, seconds: float, max_bytes: int = 512) -> TurnWriter:
+    """A streaming call of run `r1` (call 2), on a sender of its own that waits `seconds`."""
+    return TurnWriter(TextSender(live, seconds=seconds), "r1", 2, max_bytes=max_bytes)
+
+
 def test_ops_of_several_runs_in_one_send_apply_in_order_as_if_alone(
     live: LiveText, seen: Seen
 ) -> None:
@@ -165,7 +170,7 @@ def test_many_streaming_calls_share_the_senders_round_trips_and_lose_nothing(
     texts = {f"run-{i}": [f"{i}.{n} " for n in range(pieces)] for i in range(runs)}
 
     def stream(run_id: str) -> None:
-        writer = TurnWriter(counting, run_id, 4, sender=sender)
+        writer = TurnWriter(sender, run_id, 4)
         for piece in texts[run_id]:
             writer.text(piece)
             time.sleep(0.002)
@@ -200,8 +205,7 @@ def test_many_streaming_calls_share_the_senders_round_trips_and_lose_nothing(
 def test_a_writers_first_piece_goes_at_once_the_next_within_the_window(
     live: LiveText, seen: Seen
 ) -> None:
-    sender = TextSender(live, seconds=0.2)
-    writer = TurnWriter(live, "r1", 2, sender=sender)
+    writer = call_r1(live, 0.2)
     started = time.monotonic()
     writer.text("first")
     seen.wait_for(1)
@@ -217,8 +221,7 @@ def test_a_writers_first_piece_goes_at_once_the_next_within_the_window(
 def test_a_piece_of_the_byte_limit_goes_without_waiting_for_the_window(
     live: LiveText, seen: Seen
 ) -> None:
-    sender = TextSender(live, seconds=5.0)
-    writer = TurnWriter(live, "r1", 2, sender=sender, max_bytes=10)
+    writer = call_r1(live, 5.0, max_bytes=10)
     writer.text("a")
     writer.text("0123456789")  # the limit: sent now, not in 5 s
     seen.wait_for(2, timeout=2)
@@ -228,8 +231,7 @@ def test_a_piece_of_the_byte_limit_goes_without_waiting_for_the_window(
 def test_a_withdrawal_returns_once_published_after_the_calls_queued_text(
     live: LiveText, seen: Seen
 ) -> None:
-    sender = TextSender(live, seconds=5.0)
-    writer = TurnWriter(live, "r1", 2, sender=sender)
+    writer = call_r1(live, 5.0)
     writer.text("partial")
     writer.text(" more")  # queued for 5 s
     writer.withdraw()  # sends what waits, then the withdrawal, and returns after
@@ -245,8 +247,7 @@ def test_a_withdrawal_returns_once_published_after_the_calls_queued_text(
 
 
 def test_forgetting_a_completed_call_goes_after_its_queued_text(live: LiveText, seen: Seen) -> None:
-    sender = TextSender(live, seconds=0.05)
-    writer = TurnWriter(live, "r1", 2, sender=sender)
+    writer = call_r1(live, 0.05)
     writer.text("a")
     writer.text("b")
     writer.close()
@@ -258,3 +259,18 @@ def test_forgetting_a_completed_call_goes_after_its_queued_text(live: LiveText, 
         time.sleep(0.01)
     assert live.snapshot("r1") is None, "the turn text outlived its call"
     assert [d.text for d in seen.of("r1")] == [b"a", b"b"]
+
+
+def test_closing_the_sender_sends_what_waits_and_a_later_op_goes_at_once(
+    live: LiveText, seen: Seen
+) -> None:
+    writer = call_r1(live, 5.0)
+    writer.text("a")
+    writer.text("b")  # waits 5 s
+    started = time.monotonic()
+    writer.sender.close()
+    assert time.monotonic() - started < 2.0
+    seen.wait_for(2, timeout=1)
+    writer.text("c")  # no thread any more: sent by this call
+    seen.wait_for(3, timeout=1)
+    assert [(d.offset, d.text) for d in seen.of("r1")] == [(0, b"a"), (1, b"b"), (2, b"c")]

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -47,6 +45,8 @@ COALESCE_SECONDS = 0.03
 """A delta is published at most this long after its first piece arrived."""
 COALESCE_BYTES = 512
 """A delta is published as soon as it holds this many bytes."""
+CLOSE_SECONDS = 2.0
+"""How long closing a `TextSender` waits for what it holds to be sent."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +260,7 @@ class TextSender:
         self._now = False
         self._sent: list[threading.Event] = []  # set once the queued ops are sent
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def put_and_wait(self, op: TextOp, timeout: float = 5.0) -> None:
         sent = threading.Event()
@@ -268,18 +269,32 @@ class TextSender:
 
     def put(self, op: TextOp, *, now: bool = False, sent: threading.Event | None = None) -> None:
         with self._lock:
-            if sent is not None:
-                self._sent.append(sent)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="live-text", daemon=True)
-                self._thread.start()
-            wake = not self._ops or (now and not self._now)  # else it is awake or due anyway
-            if not self._ops:
-                self._oldest = time.monotonic()
-            self._ops.append(op)
-            self._now = self._now or now
-            if wake:
-                self._work.notify()
+            if not self._closed:
+                if sent is not None:
+                    self._sent.append(sent)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="live-text", daemon=True)
+                    self._thread.start()
+                wake = not self._ops or (now and not self._now)  # else awake, or due anyway
+                if not self._ops:
+                    self._oldest = time.monotonic()
+                self._ops.append(op)
+                self._now = self._now or now
+                if wake:
+                    self._work.notify()
+                return
+        self.live.send([op])  # closed: no thread sends it, and none can overtake it
+        if sent is not None:
+            sent.set()
+
+    def close(self) -> None:
+        """Send what waits and end the thread; a later op is sent at once by its caller."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+            self._work.notify()
+        if thread is not None:
+            thread.join(CLOSE_SECONDS)
 
     def _run(self) -> None:
         while True:
@@ -287,9 +302,11 @@ class TextSender:
                 while True:
                     if self._ops:
                         wait = self._oldest + self.seconds - time.monotonic()
-                        if self._now or wait <= 0:
+                        if self._now or self._closed or wait <= 0:
                             break
                         self._work.wait(wait)
+                    elif self._closed:
+                        return
                     else:
                         self._work.wait()
                 ops, self._ops, self._now = self._ops, [], False
@@ -319,30 +336,6 @@ def joined(ops: Sequence[TextOp]) -> list[TextOp]:
     return out
 
 
-_senders: weakref.WeakKeyDictionary[Any, tuple[int, TextSender]] = weakref.WeakKeyDictionary()
-_senders_lock = threading.Lock()
-
-
-def sender_of(live: LiveText) -> TextSender:
-    """This process's sender for `live`, made on first use (a forked child makes its own)."""
-    found = _senders.get(live)
-    if found is not None and found[0] == os.getpid():
-        return found[1]
-    with _senders_lock:
-        found = _senders.get(live)
-        if found is None or found[0] != os.getpid():
-            found = _senders[live] = (os.getpid(), TextSender(live))
-        return found[1]
-
-
-def _new_lock_after_fork() -> None:
-    global _senders_lock
-    _senders_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_lock_after_fork)
-
-
 class TurnWriter:
     """One streaming call's text (see the module's docstring).
 
@@ -355,18 +348,17 @@ class TurnWriter:
 
     def __init__(
         self,
-        live: LiveText,
+        sender: TextSender,
         run_id: str,
         call_seq: int,
         *,
         max_bytes: int = COALESCE_BYTES,
-        sender: TextSender | None = None,
     ) -> None:
-        self.live = live
+        self.live = sender.live
         self.run_id = run_id
         self.call_seq = call_seq
         self.max_bytes = max_bytes
-        self.sender = sender or sender_of(live)
+        self.sender = sender
         self._lock = threading.Lock()
         self._queued_bytes = 0  # bytes put since the sender was last asked to send at once
         self._closed = False

@@ -1,70 +1,24 @@
 """What the SDK-backed providers (`openai`, `anthropic`) share: the call on the caller's
 thread through the client's `post`, on abortable connections, with SDK errors mapped to
-`ProviderError`; and the client itself, one per process, built on first use and shared by its
-threads. A forked child builds its own, because the connections in its copy of the parent's
-pool belong to the parent: two processes reading one socket would take each other's answers.
+`ProviderError`; and the client itself, one per process (`PerProcess`: a forked child builds
+its own), built on first use and shared by its threads.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Protocol
 
 import httpx2
 
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.errors import ProviderError
+from tracon_jobs.per_process import PerProcess
 from tracon_jobs.providers.abortable_http import abortable
 from tracon_jobs.providers.base import ModelRequest, ModelResponse, OnText
 from tracon_jobs.providers.rate_headers import exhausted_for
 from tracon_jobs.providers.wire import cancelled, malformed
-
-
-class Closable(Protocol):
-    def close(self) -> None: ...
-
-
-C = TypeVar("C", bound=Closable)
-
-_build_lock = threading.Lock()
-
-
-def _new_lock_after_fork() -> None:
-    """A lock held by another thread at the fork stays held in the child: replace it."""
-    global _build_lock
-    _build_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_lock_after_fork)
-
-
-class ProcessClient(Generic[C]):
-    """The client `build` makes, once in each process that asks for it."""
-
-    def __init__(self, build: Callable[[], C]) -> None:
-        self._build = build
-        self._client: C | None = None
-        self._pid: int | None = None
-
-    def get(self) -> C:
-        client = self._client
-        if client is not None and self._pid == os.getpid():
-            return client
-        with _build_lock:
-            client = self._client
-            if client is None or self._pid != os.getpid():
-                client = self._build()
-                self._client, self._pid = client, os.getpid()
-            return client
-
-    def close(self) -> None:
-        """Close this process's client and its connections (a forked child's are its parent's)."""
-        client, self._client = self._client, None
-        if client is not None and self._pid == os.getpid():
-            client.close()
 
 
 class StreamReader(Protocol):
@@ -105,7 +59,7 @@ class SdkProvider:
         self._base_url = base_url or None
         self._api_key = api_key or self.placeholder_api_key
         self._timeout_seconds = timeout_seconds
-        self._client: ProcessClient[Any] = ProcessClient(self._new_client)
+        self._client: PerProcess[Any] = PerProcess(self._new_client)
 
     def complete(self, request: ModelRequest, signal: AbortSignal) -> ModelResponse:
         """One call; `ProviderError(kind="cancelled")` when `signal` fired first."""

@@ -31,7 +31,7 @@ from typing import Any
 from tracon_jobs import logs, metrics, tracing
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
-from tracon_jobs.coordination.live_text import LiveText, TurnWriter
+from tracon_jobs.coordination.live_text import LiveText, TextSender, TurnWriter
 from tracon_jobs.coordination.scripts import Later, deferring
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
@@ -54,6 +54,7 @@ from tracon_jobs.limits.tree import (
     estimate_tokens,
     open_budget,
 )
+from tracon_jobs.per_process import PerProcess
 from tracon_jobs.pricing import price_at, price_before
 from tracon_jobs.providers.base import (
     Message,
@@ -175,6 +176,7 @@ class RunExecutor:
         self.draining = draining  # set once a graceful stop began: claim nothing new
         self.cache = cache  # agents' cached model responses (`Agents.<name>.Cache`)
         self.live_text = live_text  # streaming calls' text, live to followers
+        self.text_sender = None if live_text is None else PerProcess(lambda: TextSender(live_text))
         self.ledger = Ledger(runs)
         self.approvals = approvals
         self.workflows = workflows  # runs of kind `workflow` go to it
@@ -763,9 +765,9 @@ class RunExecutor:
     def _turn_writer(self, ex: Execution, provider: Provider, call_seq: int) -> TurnWriter | None:
         """The live text of a streaming call (None: the provider does not stream, and the
         text reaches followers with the call's `ModelCallCompleted`)."""
-        if self.live_text is None or not can_stream(provider):
+        if self.text_sender is None or not can_stream(provider):
             return None
-        return TurnWriter(self.live_text, ex.run.id, call_seq)
+        return TurnWriter(self.text_sender.get(), ex.run.id, call_seq)
 
     def _cached(
         self, ex: Execution, link: Link, request: ModelRequest
