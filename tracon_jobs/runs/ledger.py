@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from tracon_jobs.db.models import ToolCallRecord
-from tracon_jobs.db.outages import rides_out_outages
+from tracon_jobs.db.outages import retry_outages, rides_out_outages, transient
 from tracon_jobs.runs.lifecycle import Claim
 from tracon_jobs.runs.store import RunStore
+
+log = logging.getLogger(__name__)
 
 
 def canonical_arguments(arguments: dict[str, Any]) -> str:
@@ -62,7 +66,6 @@ class Ledger:
         self.store = store
         self.db = store.db  # what `rides_out_outages` retries against
 
-    @rides_out_outages
     def start(
         self,
         claim: Claim,
@@ -78,28 +81,88 @@ class Ledger:
         """A new execution; a call re-run after an unknown outcome keeps its old key.
 
         `consume` (an approval's one-time use) runs in the same transaction: when it says
-        no, nothing is written and `ApprovalUsed` is raised, so the body never runs.
+        no, nothing is written and `ApprovalUsed` is raised, so the body never runs. Tried
+        again through a database outage (`_landed_or_retried`).
         """
-        execution_id = execution_id or str(uuid.uuid4())
+        execution_id = execution_id or str(uuid.uuid4())  # the same for every try
         key = idempotency_key or f"tj-{execution_id}"
         db = self.store.db
-        with db.write() as session:
-            if consume is not None and not consume(session):
-                raise ApprovalUsed(f"the approval of {tool} was already used")
-            event = self.store.append_in(
-                session,
-                claim,
-                "ToolCallStarted",
-                {"tool": tool, "callId": call_id, "turn": turn, "executionId": execution_id},
+
+        def write() -> LedgerEntry:
+            with db.write() as session:
+                if consume is not None and not consume(session):
+                    raise ApprovalUsed(f"the approval of {tool} was already used")
+                event = self.store.append_in(
+                    session,
+                    claim,
+                    "ToolCallStarted",
+                    {"tool": tool, "callId": call_id, "turn": turn, "executionId": execution_id},
+                )
+                row = _record(claim, turn, call_id, tool, arguments, execution_id, key, event.at)
+                session.add(row)
+                session.flush()
+                entry = LedgerEntry(id=row.id, execution_id=execution_id, idempotency_key=key)
+            self.store.publish(event)
+            return entry
+
+        return self._landed_or_retried("start", write, claim, turn, call_id, execution_id)
+
+    def _landed_or_retried(
+        self,
+        what: str,
+        write: Callable[[], LedgerEntry],
+        claim: Claim,
+        turn: int,
+        call_id: str,
+        execution_id: str,
+    ) -> LedgerEntry:
+        """`write` (one transaction that inserts this execution's row), tried again through a
+        database outage. A try that failed on the connection may have committed all the same
+        (a primary that fails over as it commits: the promoted replica has the row, the
+        client only the error); the next try then meets that row (or the approval it used)
+        and fails. So after such a failure the row is looked for: the earlier try's, of this
+        execution, stands, and is what the call goes on with."""
+        lost = False
+
+        def once() -> LedgerEntry:
+            nonlocal lost
+            try:
+                return write()
+            except DBAPIError as exc:
+                lost = lost or transient(exc)
+                raise
+
+        try:
+            return retry_outages(self.db, once, what)
+        except (IntegrityError, ApprovalUsed):
+            landed = self._row_of(claim, turn, call_id, execution_id) if lost else None
+            if landed is None:
+                raise
+            log.warning(
+                "run %s: the %s of tool call %s had committed before the database failed; "
+                "it stands",
+                claim.run_id,
+                what,
+                call_id,
             )
-            row = _record(claim, turn, call_id, tool, arguments, execution_id, key, event.at)
-            session.add(row)
-            session.flush()
-            entry = LedgerEntry(id=row.id, execution_id=execution_id, idempotency_key=key)
-        self.store.publish(event)
-        return entry
+            return landed
 
     @rides_out_outages
+    def _row_of(
+        self, claim: Claim, turn: int, call_id: str, execution_id: str
+    ) -> LedgerEntry | None:
+        query = select(ToolCallRecord.id, ToolCallRecord.idempotency_key).where(
+            ToolCallRecord.run_id == claim.run_id,
+            ToolCallRecord.turn == turn,
+            ToolCallRecord.call_id == call_id,
+            ToolCallRecord.execution_id == execution_id,
+        )
+        with self.store.db.read() as session:
+            found = session.execute(query).first()
+        if found is None:
+            return None
+        return LedgerEntry(id=found.id, execution_id=execution_id, idempotency_key=found[1])
+
     def refuse(
         self,
         claim: Claim,
@@ -109,8 +172,9 @@ class Ledger:
         arguments: dict[str, Any],
         outcome: ToolOutcome,
     ) -> None:
-        """Record a call that was refused before it started (a spent budget)."""
-        execution_id = str(uuid.uuid4())
+        """Record a call that was refused before it started (a spent budget); tried again
+        through a database outage as `start` is."""
+        execution_id = str(uuid.uuid4())  # the same for every try
         data = {
             "tool": tool,
             "callId": call_id,
@@ -119,25 +183,33 @@ class Ledger:
             "attempts": 0,
             "error": {"code": outcome.error_code, "message": outcome.error_message},
         }
-        with self.store.db.write() as session:
-            event = self.store.append_in(session, claim, "ToolCallFailed", data)
-            row = _record(
-                claim,
-                turn,
-                call_id,
-                tool,
-                arguments,
-                execution_id,
-                f"tj-{execution_id}",
-                event.at,
-                status="failed",
-                attempt=0,
-                error_code=outcome.error_code,
-                error_message=outcome.error_message,
-                ended_at=event.at,
-            )
-            session.add(row)
-        self.store.publish(event)
+        key = f"tj-{execution_id}"
+
+        def write() -> LedgerEntry:
+            with self.store.db.write() as session:
+                event = self.store.append_in(session, claim, "ToolCallFailed", data)
+                row = _record(
+                    claim,
+                    turn,
+                    call_id,
+                    tool,
+                    arguments,
+                    execution_id,
+                    key,
+                    event.at,
+                    status="failed",
+                    attempt=0,
+                    error_code=outcome.error_code,
+                    error_message=outcome.error_message,
+                    ended_at=event.at,
+                )
+                session.add(row)
+                session.flush()
+                entry = LedgerEntry(id=row.id, execution_id=execution_id, idempotency_key=key)
+            self.store.publish(event)
+            return entry
+
+        self._landed_or_retried("refusal", write, claim, turn, call_id, execution_id)
 
     @rides_out_outages
     def finish(self, claim: Claim, entry: LedgerEntry, tool: str, outcome: ToolOutcome) -> None:
