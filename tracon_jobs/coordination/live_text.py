@@ -283,7 +283,7 @@ class TextSender:
                 if wake:
                     self._work.notify()
                 return
-        self.live.send([op])  # closed: no thread sends it, and none can overtake it
+        self.live.send([op])  # closed: sent by its caller, after what the thread held
         if sent is not None:
             sent.set()
 
