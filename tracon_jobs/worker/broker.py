@@ -43,7 +43,6 @@ from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
 
 from tracon_jobs import fast_paths
-from tracon_jobs.timers import Timer, timers
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +159,6 @@ end
 """
 ACK_DELAY_SECONDS = 0.05
 """How long an acknowledgement may wait to go with others (see `QoS.ack`)."""
-ACKS_THREAD = "broker-acks"
-"""The timer thread that removes acknowledged messages when no take came first (one thread
-for the process's lifetime, where a `threading.Timer` started one every 50 ms, each start
-waiting on the calling run's thread until the new thread ran)."""
 
 
 class QoS(kombu_redis.QoS):
@@ -173,7 +168,7 @@ class QoS(kombu_redis.QoS):
         super().__init__(*args, **kwargs)
         self._acks: list[str] = []  # acknowledged here, not yet out of Redis
         self._acks_lock = threading.Lock()
-        self._acks_timer: Timer | None = None
+        self._acks_timer: threading.Timer | None = None
         # kombu builds the QoS of each channel, so its ack delay is set on the instance
         self.ack_delay_seconds = ACK_DELAY_SECONDS
         self.recorded: set[str] = set()  # tags the take script put in the unacked hash
@@ -210,10 +205,10 @@ class QoS(kombu_redis.QoS):
         """Tags to remove from Redis with the next take, or when the timer fires."""
         with self._acks_lock:
             self._acks.extend(delivery_tags)
-            if self._acks_timer is None:  # a thread of its own: the flush is a round trip
-                self._acks_timer = timers(ACKS_THREAD).after(
-                    self.ack_delay_seconds, self.flush_acks
-                )
+            if self._acks_timer is None:
+                self._acks_timer = threading.Timer(self.ack_delay_seconds, self.flush_acks)
+                self._acks_timer.daemon = True
+                self._acks_timer.start()
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue or not self._scripted:
