@@ -175,7 +175,7 @@ class RunExecutor:
         self.owner_id = owner_id
         self.draining = draining  # set once a graceful stop began: claim nothing new
         self.cache = cache  # agents' cached model responses (`Agents.<name>.Cache`)
-        self.live_text = live_text  # streaming calls' text, live to followers
+        # streaming calls' text, live to followers, from one sender thread a process
         self.text_sender = None if live_text is None else PerProcess(lambda: TextSender(live_text))
         self.ledger = Ledger(runs)
         self.approvals = approvals
