@@ -23,12 +23,13 @@ def runtime(make_runtime: MakeRuntime, sql_url: str) -> Runtime:
     return make_runtime(sql_url, **scripted_agent([]))
 
 
-def claimed(runtime: Runtime) -> Claim:
+def claimed(runtime: Runtime) -> tuple[Claim, Ledger]:
+    """A new run claimed as a worker would, and the ledger its tool calls go in."""
     tenant = runtime.tenants.ensure_tenant("acme")
     run_id = runtime.runs.create(NewRun(tenant, "demo", {"message": "go"})).id
     claim = claim_run(runtime, run_id, "worker-1")
     assert claim is not None
-    return claim
+    return claim, Ledger(runtime.runs)
 
 
 def dropped_after_the_commit(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -54,8 +55,7 @@ def started_events(runtime: Runtime, run_id: str) -> list[dict[str, Any]]:
 def test_a_start_whose_commit_landed_stands_once(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    claim = claimed(runtime)
-    ledger = Ledger(runtime.runs)
+    claim, ledger = claimed(runtime)
     failed = dropped_after_the_commit(runtime, monkeypatch)
 
     entry = ledger.start(claim, 0, "call_0_0", "slow_step", {"seconds": 1})
@@ -73,8 +73,7 @@ def test_a_start_whose_commit_landed_stands_once(
 def test_a_start_with_an_approval_whose_commit_landed_stands_and_uses_it_once(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    claim = claimed(runtime)
-    ledger = Ledger(runtime.runs)
+    claim, ledger = claimed(runtime)
     uses: list[int] = []
 
     def consume(_session: Any) -> bool:  # an approval that one execution may use
@@ -94,8 +93,7 @@ def test_a_start_with_an_approval_whose_commit_landed_stands_and_uses_it_once(
 def test_a_refusal_whose_commit_landed_stands_once(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    claim = claimed(runtime)
-    ledger = Ledger(runtime.runs)
+    claim, ledger = claimed(runtime)
     failed = dropped_after_the_commit(runtime, monkeypatch)
     outcome = ToolOutcome(ok=False, error_code="BUDGET", error_message="spent")
 
@@ -109,8 +107,7 @@ def test_a_refusal_whose_commit_landed_stands_once(
 
 
 def test_without_a_failed_try_a_row_in_the_way_is_still_an_error(runtime: Runtime) -> None:
-    claim = claimed(runtime)
-    ledger = Ledger(runtime.runs)
+    claim, ledger = claimed(runtime)
     ledger.start(claim, 0, "call_0_0", "slow_step", {})
 
     with pytest.raises(IntegrityError):
