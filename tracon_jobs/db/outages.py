@@ -35,16 +35,33 @@ def transient(error: BaseException) -> bool:
     return isinstance(error, OperationalError | InterfaceError)
 
 
-def retry_outages(db: HasOutageRetry, call: Callable[[], Any], what: str) -> Any:
-    """`call()`, tried again on a transient database error until the outage budget is spent."""
+def retry_outages(
+    db: HasOutageRetry,
+    call: Callable[[], Any],
+    what: str,
+    landed: Callable[[], Any] | None = None,
+) -> Any:
+    """`call()`, tried again on a transient database error until the outage budget is spent.
+
+    A try that failed on the connection may have committed all the same (a primary that fails
+    over as it commits: the promoted replica has the write, the client only the error).
+    `landed()`, asked before each try after such a failure, finds what an earlier try wrote:
+    when it answers (not None), that is the outcome, and the write is not made again."""
     deadline = time.monotonic() + db.outage_retry_seconds
     wait = FIRST_WAIT
+    lost = False
     while True:
         try:
+            if lost and landed is not None:
+                found = landed()
+                if found is not None:
+                    log.warning("%s had committed before the database failed; it stands", what)
+                    return found
             return call()
         except (OperationalError, InterfaceError, DBAPIError) as exc:
             if not transient(exc) or time.monotonic() + wait > deadline:
                 raise
+            lost = True
             log.warning("database unavailable during %s; retrying in %.2fs: %s", what, wait, exc)
             time.sleep(wait)
             wait = min(wait * 2, LONGEST_WAIT)

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from tracon_jobs.db.models import ToolCallRecord
 from tracon_jobs.db.outages import retry_outages, rides_out_outages, transient
 from tracon_jobs.runs.lifecycle import Claim
-from tracon_jobs.runs.store import RunStore
+from tracon_jobs.runs.store import Event, RunStore, Tries
 
 log = logging.getLogger(__name__)
 
@@ -211,28 +211,35 @@ class Ledger:
 
         self._landed_or_retried("refusal", write, claim, turn, call_id, execution_id)
 
-    @rides_out_outages
     def finish(self, claim: Claim, entry: LedgerEntry, tool: str, outcome: ToolOutcome) -> None:
+        """The execution's outcome, on its row and as its event: written once, whatever a
+        database outage does (`RunWrites.retried`)."""
         type_ = "ToolCallCompleted" if outcome.ok else "ToolCallFailed"
         data: dict[str, Any] = {"tool": tool, "executionId": entry.execution_id}
         data["attempts"] = outcome.attempts
         if not outcome.ok:
             data["error"] = {"code": outcome.error_code, "message": outcome.error_message}
-        with self.store.db.write() as session:
-            event = self.store.append_in(session, claim, type_, data)
-            session.execute(
-                update(ToolCallRecord)
-                .where(ToolCallRecord.id == entry.id)
-                .values(
-                    status="succeeded" if outcome.ok else "failed",
-                    result={"value": outcome.result} if outcome.ok else None,
-                    error_code=outcome.error_code,
-                    error_message=outcome.error_message,
-                    attempt=outcome.attempts,
-                    ended_at=event.at,
+        tries = Tries()
+
+        def once() -> Event:
+            with self.store.db.write() as session:
+                event = self.store.append_in(session, claim, type_, data, tries=tries)
+                session.execute(
+                    update(ToolCallRecord)
+                    .where(ToolCallRecord.id == entry.id)
+                    .values(
+                        status="succeeded" if outcome.ok else "failed",
+                        result={"value": outcome.result} if outcome.ok else None,
+                        error_code=outcome.error_code,
+                        error_message=outcome.error_message,
+                        attempt=outcome.attempts,
+                        ended_at=event.at,
+                    )
                 )
-            )
-        self.store.publish(event)
+            self.store.publish(event)
+            return event
+
+        self.store.retried("the end of a tool call", once, tries)
 
     def calls(self, run_id: str) -> list[ToolCallRecord]:
         """The run's ledger rows, in the order they were recorded (by id)."""

@@ -23,7 +23,7 @@ from tracon_jobs.runs.store.values import (
     iso,
 )
 from tracon_jobs.runs.store.waiting import WaitingRuns
-from tracon_jobs.runs.store.writes import Message, Outbox, Typed
+from tracon_jobs.runs.store.writes import Message, Outbox, Tries, Typed
 
 __all__ = [
     "Event",
@@ -35,6 +35,7 @@ __all__ = [
     "RunFilter",
     "RunStatistics",
     "RunStore",
+    "Tries",
     "TurnSpend",
     "Typed",
     "iso",

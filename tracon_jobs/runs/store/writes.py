@@ -4,13 +4,15 @@ in the same transaction (`Outbox`)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sqlalchemy import (
     and_,
@@ -24,7 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from tracon_jobs.coordination.event_feed import EventFeed
 from tracon_jobs.db import Database
 from tracon_jobs.db.models import Run
-from tracon_jobs.db.outages import rides_out_outages
+from tracon_jobs.db.outages import retry_outages, rides_out_outages
 from tracon_jobs.errors import ClaimedElsewhere, RunTakenAway
 from tracon_jobs.limits.tenant_quotas import OwnQuota
 from tracon_jobs.runs.lifecycle import (
@@ -52,6 +54,7 @@ from tracon_jobs.runs.store.statements import (
     _MARK_ENQUEUED,
     _READ_CLAIMABLE,
     _SAVE_TURN,
+    EVENTS,
     RUNS,
     Executes,
     _append_in_one,
@@ -69,6 +72,8 @@ from tracon_jobs.runs.store.values import (
     NewRun,
     TurnSpend,
 )
+
+log = logging.getLogger(__name__)
 
 Typed = Sequence[tuple[str, dict[str, Any]]]
 """The events of one write, as (type, data), before they are numbered."""
@@ -127,6 +132,25 @@ def _message_params(prefix: str, message: Message) -> dict[str, Any]:
 AFTER_COMMIT_KEPT = 1024
 """Messages written in transactions whose events were never published (they rolled back)
 are forgotten beyond this many, oldest first."""
+
+
+@dataclass
+class Tries:
+    """The events the tries of one write got back from SQL before committing. A try that then
+    failed on the connection may have committed all the same; `RunWrites.landed` looks its
+    event up by these, so that the write is not made twice (an event twice, a spend counted
+    twice)."""
+
+    events: list[Event] = field(default_factory=list)
+
+    def wrote(self, event: Event) -> None:
+        """A try's event, numbered, not committed yet."""
+        self.events.append(event)
+
+
+def _as_stored(data: dict[str, Any]) -> Any:
+    """`data` as a JSON column gives it back."""
+    return json.loads(json.dumps(data))
 
 
 class RunWrites:
@@ -388,8 +412,14 @@ class RunWrites:
             raise ClaimedElsewhere(f"run {claim.run_id} was claimed by another process")
         return self._pending.get(claim.run_id) == claim
 
-    def _make_claim(self, claim: PendingClaim, second: tuple[str, dict[str, Any]] | None) -> Event:
-        """The claim, `RunStarted` and `second`, committed and published at once.
+    def _make_claim(
+        self,
+        claim: PendingClaim,
+        second: tuple[str, dict[str, Any]] | None,
+        tries: Tries | None = None,
+    ) -> Event:
+        """The claim, `RunStarted` and `second`, committed and published at once (recorded
+        in `tries` before it is published: `second` is the write of a caller of `retried`).
 
         Left pending when the write fails (the next write tries again); `ClaimedElsewhere`
         (a `RunTakenAway`), for good, when the run was claimed, canceled or closed since it
@@ -404,11 +434,13 @@ class RunWrites:
         in_one = None if self.db.is_sqlite else _MAKE_CLAIM_IN_ONE[len(typed)]
         event = self._write_with_events(
             claim.run_id, _MAKE_CLAIM[len(typed)], in_one, params, typed
-        )
+        ) or self._already_written(claim.run_id, claim.fence, claim.owner, typed[-1])
         del self._pending[claim.run_id]
         if event is None:
             self._taken[claim.run_id] = claim
             raise ClaimedElsewhere(f"run {claim.run_id} was claimed by another process")
+        if tries is not None:
+            tries.wrote(event)
         self.publish(event)
         return event
 
@@ -482,7 +514,6 @@ class RunWrites:
                 self._after(connection, (run_id, event.seq), written)
         return event
 
-    @rides_out_outages
     def append(
         self,
         claim: AnyClaim | None,
@@ -493,31 +524,93 @@ class RunWrites:
     ) -> Event:
         """Append and publish one event (fenced when `claim` is given; with the claim itself,
         when it is read and not made yet)."""
-        if isinstance(claim, PendingClaim) and self._is_pending(claim):
-            return self._make_claim(claim, (type_, data))
-        made = None if claim is None else self._settle(claim)
-        with self.db.transaction() as session:
-            event = self.append_in(session, made, type_, data, run_id=run_id)
-        self.publish(event)
+        tries = Tries()
+
+        def once() -> Event:
+            if isinstance(claim, PendingClaim) and self._is_pending(claim):
+                return self._make_claim(claim, (type_, data), tries)
+            made = None if claim is None else self._settle(claim)
+            with self.db.transaction() as session:
+                event = self.append_in(session, made, type_, data, run_id=run_id, tries=tries)
+            self.publish(event)
+            return event
+
+        event: Event = self.retried("append", once, tries)
         return event
 
-    @rides_out_outages
     def append_all(self, claim: AnyClaim, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Append several fenced events at once: one seq update, one multi-row insert and
         one wake-up of the followers, however many events."""
         if not events:
             return
-        claim = self._settle(claim)
-        params = {"p_id": claim.run_id, "p_fence": claim.fence, "p_count": len(events)}
-        messages = self._messages(claim.run_id, events)
-        with self.db.transaction() as session:
-            row = session.execute(
-                _APPEND_MANY_FENCED, {**params, **self.db.clock_params()}
-            ).one_or_none()
-            if row is None:
-                raise RunTakenAway(f"run {claim.run_id} is no longer owned by fence {claim.fence}")
-            rows = self._insert_numbered(session, claim.run_id, row, events, messages)
-        self.publish(rows[-1])
+        tries = Tries()
+
+        def once() -> Event:
+            made = self._settle(claim)
+            params = {"p_id": made.run_id, "p_fence": made.fence, "p_count": len(events)}
+            messages = self._messages(made.run_id, events)
+            with self.db.transaction() as session:
+                row = session.execute(
+                    _APPEND_MANY_FENCED, {**params, **self.db.clock_params()}
+                ).one_or_none()
+                if row is None:
+                    raise RunTakenAway(
+                        f"run {made.run_id} is no longer owned by fence {made.fence}"
+                    )
+                rows = self._insert_numbered(session, made.run_id, row, events, messages)
+                tries.wrote(rows[-1])  # one transaction: its last event stands for all
+            self.publish(rows[-1])
+            return rows[-1]
+
+        self.retried("append_all", once, tries)
+
+    def retried(self, what: str, once: Callable[[], Event], tries: Tries) -> Event:
+        """`once()` (one transaction that appends an event and records it in `tries` before
+        it commits), tried again through a database outage; after a try lost on the
+        connection, the event it wrote, if its commit landed all the same, is the outcome
+        (published now: its try failed before it could be)."""
+
+        def found() -> Event | None:
+            return self.publish(self.landed(tries))
+
+        return cast(Event, retry_outages(self.db, once, what, found))
+
+    def _already_written(
+        self, run_id: str, fence: int, owner: str, last: tuple[str, dict[str, Any]]
+    ) -> Event | None:
+        """The run's newest event, when it is `last` and the run is still this claim's (its
+        fence and owner): a guarded write that matched no row finds there what an earlier try
+        of its own wrote, committed though its caller saw it fail (a claim, a final write: one
+        statement, whose seq the caller never saw)."""
+        query = (
+            select(EVENTS.c.seq, EVENTS.c.at, EVENTS.c.type, EVENTS.c.data)
+            .join(RUNS, RUNS.c.id == EVENTS.c.run_id)
+            .where(
+                RUNS.c.id == run_id,
+                RUNS.c.fence == fence,
+                RUNS.c.owner == owner,
+                EVENTS.c.seq == RUNS.c.event_seq,
+            )
+        )
+        with self.db.read() as session:
+            row = session.execute(query).first()
+        if row is None or (row[2], row[3]) != (last[0], _as_stored(last[1])):
+            return None
+        log.warning("run %s: a write had committed before the database failed; it stands", run_id)
+        return Event(run_id=run_id, seq=row[0], type=row[2], at=row[1], data=last[1])
+
+    def landed(self, tries: Tries) -> Event | None:
+        """The newest event of `tries` that is in SQL as its try wrote it (its seq, type and
+        data), else None: that try committed though its caller saw it fail."""
+        for event in reversed(tries.events):
+            query = select(EVENTS.c.type, EVENTS.c.data).where(
+                EVENTS.c.run_id == event.run_id, EVENTS.c.seq == event.seq
+            )
+            with self.db.read() as session:
+                row = session.execute(query).first()
+            if row is not None and (row[0], row[1]) == (event.type, _as_stored(event.data)):
+                return event
+        return None
 
     def append_in(
         self,
@@ -527,12 +620,14 @@ class RunWrites:
         data: dict[str, Any],
         *,
         run_id: str | None = None,
+        tries: Tries | None = None,
     ) -> Event:
-        """Append one event inside `session`; guarded by the fence when a claim is given."""
+        """Append one event inside `session`; guarded by the fence when a claim is given.
+        `tries`: the write's record of what its tries wrote (`retried`)."""
         if claim is None:
             assert run_id is not None
-            return self._append(session, _APPEND, run_id, None, type_, data, {})
-        return self._append(session, _APPEND_FENCED, claim.run_id, claim, type_, data, {})
+            return self._append(session, _APPEND, run_id, None, type_, data, {}, tries)
+        return self._append(session, _APPEND_FENCED, claim.run_id, claim, type_, data, {}, tries)
 
     def _append(
         self,
@@ -543,9 +638,10 @@ class RunWrites:
         type_: str,
         data: dict[str, Any],
         params: dict[str, Any],
+        tries: Tries | None = None,
     ) -> Event:
         """Run `statement` (a `_next_seq` with more SET values maybe), then insert the event
-        and the webhook messages it causes."""
+        and the webhook messages it causes; recorded in `tries` before the commit."""
         params.update(self.db.clock_params(), p_id=run_id)
         if claim is not None:
             params["p_fence"] = claim.fence
@@ -560,39 +656,53 @@ class RunWrites:
             raise RunTakenAway(f"run {run_id} is no longer owned by fence {claim and claim.fence}")
         seq, at = row
         event = Event(run_id=run_id, seq=seq, type=type_, at=at, data=data)
+        if tries is not None:
+            tries.wrote(event)
         messages = self._messages(run_id, ((type_, data),))
         if messages:
             self._write_messages(session, (event,), messages)
         return event
 
-    @rides_out_outages
     def record_spend(self, claim: AnyClaim, spend: TurnSpend, event_data: dict[str, Any]) -> Event:
-        """Add a model call's tokens and cost to the run, with its `ModelCallCompleted`."""
-        claim = self._settle(claim)
-        params = _spend_params(spend)
-        with self.db.transaction() as session:
-            event = self._append(
-                session,
-                _APPEND_SPEND,
-                claim.run_id,
-                claim,
-                "ModelCallCompleted",
-                event_data,
-                params,
-            )
-        self.publish(event)
-        return event
+        """Add a model call's tokens and cost to the run, with its `ModelCallCompleted`
+        (counted once, whatever a database outage does: `retried`)."""
+        tries = Tries()
 
-    @rides_out_outages
+        def once() -> Event:
+            made = self._settle(claim)
+            params = _spend_params(spend)
+            with self.db.transaction() as session:
+                event = self._append(
+                    session,
+                    _APPEND_SPEND,
+                    made.run_id,
+                    made,
+                    "ModelCallCompleted",
+                    event_data,
+                    params,
+                    tries,
+                )
+            self.publish(event)
+            return event
+
+        return self.retried("record_spend", once, tries)
+
     def add_cost(self, claim: AnyClaim, amount: Decimal, data: dict[str, Any]) -> None:
-        """Spend a tool reported beyond tokens, with its `UsageReported` event."""
-        claim = self._settle(claim)
-        params = {"p_cost_amount": amount}
-        with self.db.transaction() as session:
-            event = self._append(
-                session, _APPEND_COST, claim.run_id, claim, "UsageReported", data, params
-            )
-        self.publish(event)
+        """Spend a tool reported beyond tokens, with its `UsageReported` event (counted once,
+        as `record_spend`)."""
+        tries = Tries()
+
+        def once() -> Event:
+            made = self._settle(claim)
+            params = {"p_cost_amount": amount}
+            with self.db.transaction() as session:
+                event = self._append(
+                    session, _APPEND_COST, made.run_id, made, "UsageReported", data, params, tries
+                )
+            self.publish(event)
+            return event
+
+        self.retried("add_cost", once, tries)
 
     @rides_out_outages
     def save_turn(self, claim: AnyClaim, messages: Sequence[dict[str, Any]], turns: int) -> None:
@@ -677,4 +787,7 @@ class RunWrites:
             typed.insert(0, ("ModelCallCompleted", spend[1]))
         made_here = bool(extra_guard or before)  # a statement of its own: none in one
         in_one = None if self.db.is_sqlite or made_here else _CLOSE_IN_ONE[id(statement)]
-        return self.publish(self._write_with_events(run_id, statement, in_one, params, typed))
+        event = self._write_with_events(run_id, statement, in_one, params, typed)
+        if event is None and claim is not None:
+            event = self._already_written(run_id, claim.fence, claim.owner, typed[-1])
+        return self.publish(event)
