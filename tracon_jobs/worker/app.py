@@ -31,7 +31,6 @@ from tracon_jobs.db.models import Run, Tenant
 from tracon_jobs.settings import Settings
 from tracon_jobs.worker.brokers import broker_of
 from tracon_jobs.worker.envelope import EXECUTE_TASK, RUNS_QUEUE, TRACEPARENT, label_runs_with
-from tracon_jobs.worker.pool import PoolRoom
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +163,6 @@ def create_celery(
         task_ignore_result=True,
         task_acks_late=False,
         worker_prefetch_multiplier=settings.worker.prefetch_multiplier,
-        # Redis, PrefetchMultiplier 1: a message only for an idle thread (`worker.brokers`)
-        worker_disable_prefetch=not broker.amqp and settings.worker.prefetch_multiplier == 1,
         worker_pool=WORKER_POOL,
         worker_concurrency=settings.worker.threads,
         # Task events only once a monitor asks for them: Flower turns them on in every worker
@@ -183,7 +180,6 @@ def create_celery(
         # Redis: one Redis client per channel; RabbitMQ: publisher confirms, short heartbeats
         **broker.celery_options(),
     )
-    app.steps["consumer"].add(PoolRoom)  # a batch of messages only for idle threads
     if describe is not None:
         label_runs_with(app, lambda run_id: _labels(describe, run_id))
 

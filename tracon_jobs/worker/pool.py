@@ -7,22 +7,16 @@ start waiting for the interpreter lock that the tasks already running hold: the 
 hands out the wave one task every few milliseconds, and the model calls of 100 slots went
 out over about 300 ms instead of all at once. Started with the pool, before the consumer
 takes a message, the threads are idle and waiting when the backlog arrives.
-
-`PoolRoom` bounds what the `broker` fast path takes in one batch by the pool's idle threads,
-as Celery's `worker_disable_prefetch` bounds each take of kombu's (`worker.brokers`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
-from celery import bootsteps
 from celery.concurrency.thread import TaskPool
 
 from tracon_jobs.startup import freeze_startup_objects
-from tracon_jobs.worker.broker import TakingQoS
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +43,3 @@ def _wait_at(barrier: threading.Barrier) -> None:
     except threading.BrokenBarrierError:
         if threading.current_thread() is threading.main_thread():
             log.warning("the pool's threads did not all start within %.0fs", START_TIMEOUT)
-
-
-class PoolRoom(bootsteps.StartStopStep):
-    """A consumer step, after Celery's `Tasks` (at every start, reconnections included): the
-    channel of the `broker` fast path learns the pool's size, so that one batch of messages
-    never holds more than the pool has idle threads for (`broker.QoS.pool_threads`)."""
-
-    requires = ("celery.worker.consumer.tasks:Tasks",)
-
-    def start(self, c: Any) -> None:
-        qos = getattr(getattr(c.task_consumer, "channel", None), "qos", None)
-        if isinstance(qos, TakingQoS) and c.app.conf.worker_disable_prefetch:
-            # as Celery's own bound: an autoscaler's most, else the pool's size
-            limit = getattr(c.controller, "max_concurrency", None) or c.pool.num_processes
-            qos.pool_threads = int(limit)
