@@ -122,5 +122,6 @@ def wait_for_log(process: Process, needle: str, *, timeout: float) -> None:
 def past_the_lines(runtime: Runtime) -> None:
     """`runtime` sends its runs straight to the run queue, past the fair lines, as a child
     run or an approval's resume is sent: with the worker's slots busy, the message waits in
-    the worker's own queue (prefetched) instead of in a line."""
+    the run queue (or, at `Worker.PrefetchMultiplier` 2 or more, in the worker's pool,
+    prefetched) instead of in a line."""
     runtime.dispatcher.fair = None

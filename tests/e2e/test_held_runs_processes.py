@@ -33,7 +33,9 @@ def test_a_killed_worker_s_prefetched_run_goes_out_again_once_its_liveness_ends(
 ) -> None:
     # Runs.RequeueAfter at its default (60 s): the dead worker's liveness decides, not age
     sections = scripted_agent([{"Text": "slow", "DelaySeconds": 60}])
-    sections["Worker"] = {"FairReserve": 0}  # one thread: the next message waits for it
+    # one thread, and Celery's prefetch (at 1 a busy worker takes no message): the next
+    # message waits in the worker for its thread
+    sections["Worker"] = {"FairReserve": 0, "PrefetchMultiplier": 2}
     cluster = make_cluster(sqlite_url, **sections)
     doomed = cluster.worker("doomed", concurrency=1)
     runtime = make_runtime(sqlite_url, **sections)
@@ -77,7 +79,7 @@ def test_a_live_worker_s_prefetched_run_is_not_sent_twice_past_requeue_after(
 ) -> None:
     sections = scripted_agent([{"Text": "slow", "DelaySeconds": 6}])
     sections["Runs"] = {"RequeueAfter": "00:00:01"}
-    sections["Worker"] = {"FairReserve": 0}
+    sections["Worker"] = {"FairReserve": 0, "PrefetchMultiplier": 2}  # as above
     cluster = make_cluster(sqlite_url, **sections)
     worker = cluster.worker("busy", concurrency=1)
     cluster.start("beat", "beat")

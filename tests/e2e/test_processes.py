@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -96,7 +98,9 @@ def test_killed_worker_prefetched_run_is_resent_and_completed_by_another(
 ) -> None:
     sections = scripted_agent([{"Text": "slow", "DelaySeconds": 30}])
     sections["Runs"] = {"RequeueAfter": 2}
-    sections["Worker"] = {"FairReserve": 0}  # one thread: the next message waits for it
+    # one thread, and Celery's prefetch (at 1 a busy worker takes no message): the next
+    # message waits in the worker for its thread
+    sections["Worker"] = {"FairReserve": 0, "PrefetchMultiplier": 2}
     cluster = make_cluster(sqlite_url, **sections)
     doomed = cluster.worker("doomed", concurrency=1)
     runtime = make_runtime(sqlite_url, **sections)
@@ -144,6 +148,85 @@ def test_killed_worker_prefetched_run_is_resent_and_completed_by_another(
     assert len(started_events(runtime, prefetched)) == 1
     # And the run the dead worker was executing stays Running (reconciliation is off)
     assert status_of(runtime, busy) == "Running"
+
+
+@pytest.mark.parametrize("fast_paths", ["on", "off"])
+def test_a_busy_worker_leaves_a_run_it_cannot_start_to_an_idle_one(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    redis_client: redis.Redis,
+    fast_paths: str,
+) -> None:
+    """`Worker.PrefetchMultiplier` 1 on Redis: a worker whose every thread is busy takes no
+    more messages (the acknowledgement of a started task frees Celery's prefetch, which would
+    let it), so the next run starts on an idle worker instead of waiting behind a long call."""
+    sections = scripted_agent([{"Text": "slow", "DelaySeconds": 30}])
+    sections["Worker"] = {"FairReserve": 0}  # one thread
+    cluster = make_cluster(sqlite_url, **sections)
+    cluster.env["TRACON_FAST_PATHS"] = fast_paths  # kombu's own channel when off
+    cluster.worker("busy", concurrency=1)
+    runtime = make_runtime(sqlite_url, **sections)
+    if is_amqp(runtime.settings.broker.url or ""):
+        pytest.skip("RabbitMQ pushes up to the prefetch (docs/reliability.md)")
+    past_the_lines(runtime)  # straight to the run queue: only the worker's consumer decides
+    tenant = runtime.tenants.ensure_tenant("acme")
+
+    # Given a worker of one thread busy with a long call
+    busy = runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "busy"})).id
+    wait_status(runtime, busy, "Running")
+    # When the next run is sent while it is busy
+    waiting = runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "next"})).id
+    # Then its message stays in the run queue, not taken by the busy worker
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        assert not prefetched_by_a_worker(runtime, redis_client, waiting)
+        time.sleep(0.1)
+    assert redis_client.llen(RUNS_QUEUE) == 1
+    # and an idle worker, once up, starts it while the busy one's call goes on
+    idle = cluster.worker("idle", concurrency=1)
+    wait_status(runtime, waiting, "Running", timeout=20)
+    owner = started_events(runtime, waiting)[-1]["owner"]
+    assert owner.split("/")[1] == str(idle.popen.pid)
+    assert status_of(runtime, busy) == "Running"
+
+
+@pytest.mark.parametrize("fast_paths", ["on", "off"])
+def test_a_thread_that_frees_takes_the_next_waiting_run_at_once(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    fast_paths: str,
+) -> None:
+    """While every thread is busy the worker's consumer does not ask the broker; the end of a
+    run wakes it at once, instead of leaving the freed thread idle until the consumer's loop
+    looks again on its own (up to a second)."""
+    sections = scripted_agent([{"Text": "step", "DelaySeconds": 0.3}])
+    sections["Worker"] = {"FairReserve": 0}  # one thread
+    cluster = make_cluster(sqlite_url, **sections)
+    cluster.env["TRACON_FAST_PATHS"] = fast_paths
+    cluster.worker("single", concurrency=1)
+    runtime = make_runtime(sqlite_url, **sections)
+    past_the_lines(runtime)  # every message in the run queue at once
+    tenant = runtime.tenants.ensure_tenant("acme")
+
+    # Given 6 runs sent at once to a worker of one thread
+    ids = [
+        runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": f"r{n}"})).id for n in range(6)
+    ]
+    for run_id in ids:
+        wait_status(runtime, run_id, "Completed", timeout=30)
+
+    # Then each run after the first started as the one before it ended: the 5 waits add up
+    # to far less than the consumer's own look every second or so would give
+    spans = []
+    for run_id in ids:
+        at = {e.type: e.at for e in runtime.runs.events(run_id)}
+        spans.append((at["RunStarted"], at["RunCompleted"]))
+    spans.sort()
+    idle = [(after[0] - before[1]).total_seconds() for before, after in pairwise(spans)]
+    assert all(gap >= 0 for gap in idle), idle  # one at a time
+    assert sum(idle) < 0.75, idle
 
 
 @pytest.mark.parametrize("fast_paths", ["on", "off"])

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.worker import state as worker_state
 from kombu import Connection, Consumer, Queue
 
 from tests.helpers import wait_until
@@ -181,6 +182,41 @@ def test_one_brpop_brings_along_what_the_prefetch_has_room_for(
         channel.qos.restore_unacked()
         assert redis_client.llen(name) == 5 + 4  # not the acknowledged one
         assert redis_client.hlen("unacked") == 0
+
+
+class _Busy:
+    """A task a worker's pool is running (Celery keeps its requests in a `WeakSet`)."""
+
+
+def test_a_take_brings_along_no_more_than_the_pool_has_idle_threads_for(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    # Given ten messages waiting, a consumer whose prefetch has room for four, and a pool of
+    # four threads, three of them running tasks already acknowledged (out of the prefetch)
+    name = _queue_name()
+    busy = [_Busy() for _ in range(3)]
+    with Connection(redis_url, transport=TRANSPORT) as connection:
+        _put(connection, name, 10)
+        channel, received = _consume(connection, name, prefetch=4)
+        channel.qos.pool_threads = 4  # as `worker.pool.PoolRoom` sets it
+        worker_state.reserved_requests.update(busy)
+        try:
+            # When the consumer's loop reads once
+            connection.drain_events(timeout=5)
+
+            # Then it took one message, for the one idle thread; nine still wait
+            assert [message.payload["n"] for message in received] == [0]
+            assert redis_client.llen(name) == 9
+        finally:
+            for request in busy:
+                worker_state.reserved_requests.discard(request)
+
+        # And once the three tasks end, the next read brings along what the prefetch has
+        # room for (three more: the first is still unacknowledged)
+        connection.drain_events(timeout=5)
+        assert [message.payload["n"] for message in received] == [0, 1, 2, 3]
+        assert redis_client.llen(name) == 6
+        channel.qos.restore_unacked()
 
 
 def test_a_consumer_without_acknowledgements_takes_one_at_a_time(

@@ -274,8 +274,12 @@ Lined runs never get them, so a worker runs at most Concurrency + FairReserve ru
 0: none (a returning tenant waits for the next slot to free, about one run's time)."""
 
 WORKER_PREFETCH_MULTIPLIER: Final = 1
-"""One message per thread: on Redis a prefetched message of a killed worker is lost until the
-broker's visibility timeout (RabbitMQ gives it back at once), so prefetch as little as possible."""
+"""1: on Redis a worker takes a message only for an idle thread, so a busy worker never holds a
+run another worker could start (a message is acknowledged as its task starts, which on its own
+would let a worker whose threads are all busy take more). 2 or more: Celery's prefetch, that
+many messages a thread waiting beside the running ones. On RabbitMQ, Celery's prefetch at any
+value: up to that many messages a thread may wait in a busy worker. A killed worker's held
+messages go to the others once its liveness ends (Redis) or at once (RabbitMQ)."""
 
 # --- Web (tracon-jobs additions) -----------------------------------------------------------
 

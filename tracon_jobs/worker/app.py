@@ -31,6 +31,7 @@ from tracon_jobs.db.models import Run, Tenant
 from tracon_jobs.settings import Settings
 from tracon_jobs.worker.brokers import broker_of
 from tracon_jobs.worker.envelope import EXECUTE_TASK, RUNS_QUEUE, TRACEPARENT, label_runs_with
+from tracon_jobs.worker.pool import PoolRoom
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,8 @@ def create_celery(
         # Redis: one Redis client per channel; RabbitMQ: publisher confirms, short heartbeats
         **broker.celery_options(),
     )
+    if not broker.amqp and settings.worker.prefetch_multiplier == 1:
+        app.steps["consumer"].add(PoolRoom)  # a message only for an idle thread (`pool`)
     if describe is not None:
         label_runs_with(app, lambda run_id: _labels(describe, run_id))
 

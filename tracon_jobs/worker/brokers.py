@@ -9,6 +9,15 @@ fast path written against the Redis broker is off: kombu's own AMQP transport, C
 starts and prefetch stays `Worker.PrefetchMultiplier`: a worker that dies with messages
 prefetched has them back in the queue as soon as its connection is gone.
 
+A message is acknowledged as its task starts, which frees the consumer's prefetch: on its own,
+a worker whose every thread is busy would go on taking messages (up to its prefetch more),
+each to wait in its pool behind calls that may last minutes while another worker sits idle.
+On a Redis broker at `Worker.PrefetchMultiplier` 1 (the default) a worker takes a message
+only for an idle thread (`worker.pool.PoolRoom`); at 2 or more, Celery's prefetch: that many
+messages a thread may wait beside the running ones. RabbitMQ pushes messages to a consumer
+while its prefetch has room, and Celery has no such bound there: a busy worker may hold up to
+its prefetch of messages waiting (docs/reliability.md, "RabbitMQ as the broker").
+
 A worker's own queue (Celery's `worker_direct`, `<worker>.dq2`, where a periodic tick is
 forwarded to the lease owner) stays classic: both sides declare it through Celery's
 `worker_direct()`, which gives it no arguments, and a quorum queue per worker name would be a
