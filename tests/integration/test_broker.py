@@ -198,7 +198,7 @@ def test_a_take_brings_along_no_more_than_the_pool_has_idle_threads_for(
     with Connection(redis_url, transport=TRANSPORT) as connection:
         _put(connection, name, 10)
         channel, received = _consume(connection, name, prefetch=4)
-        channel.qos.pool_threads = 4  # as `worker.pool.PoolRoom` sets it
+        channel.qos.idle_threads = lambda: 4 - len(worker_state.reserved_requests)  # `PoolRoom`
         worker_state.reserved_requests.update(busy)
         try:
             # When the consumer's loop reads once

@@ -104,6 +104,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tracon_jobs.errors",
             "tracon_jobs.timers",
             "tracon_jobs.per_process",
+            "tracon_jobs.leaving",
             "tracon_jobs.abort",
             "tracon_jobs.numbers",
             "tracon_jobs.startup",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from tracon_jobs import logs, metrics, tracing
+from tracon_jobs import leaving, logs, metrics, tracing
 from tracon_jobs.abort import AbortSignal
 from tracon_jobs.agents.tools import ToolRegistry, ToolSpec
 from tracon_jobs.coordination.live_text import LiveText, TextSender, TurnWriter
@@ -259,6 +259,7 @@ class RunExecutor:
         `execute` then tells them nothing more."""
         if self.dispatcher is not None and self.dispatcher.done_later(run_id) is not None:
             self._ends_told.add(run_id)
+            leaving.told()  # the next run's message may come before this thread is idle
 
     def _taken_later(self, run_id: str) -> Later | None:
         """`_taken`, sent with the next Redis call of this thread (or at once)."""

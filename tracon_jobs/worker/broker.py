@@ -21,7 +21,7 @@ then fills its threads one message every few milliseconds. Here the message `BRP
 is recorded together with as many more as the consumer's prefetch has room for, taken from
 the same lists in the same order, in one script: a backlog fills every free thread in one
 turn of the main thread's loop. No more messages are reserved than kombu's own prefetch
-allows, nor than the worker's pool has idle threads for (`QoS.pool_threads`), and each one
+allows, nor than the worker's pool has idle threads for (`QoS.idle_threads`), and each one
 is recorded in kombu's unacked hash before it leaves the script, so a worker that dies
 holding them has them restored as before.
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cached_property
 from queue import Empty
@@ -38,7 +38,6 @@ from time import time
 from typing import Any
 
 import redis
-from celery.worker import state as worker_state
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
@@ -174,19 +173,19 @@ class QoS(kombu_redis.QoS):
         # kombu builds the QoS of each channel, so its ack delay is set on the instance
         self.ack_delay_seconds = ACK_DELAY_SECONDS
         self.recorded: set[str] = set()  # tags the take script put in the unacked hash
-        self.pool_threads: int | None = None
-        """The worker's pool size, once its consumer has started (`worker.pool.PoolRoom`):
-        a take brings along no more messages than there are idle threads. None: kombu's
-        prefetch alone (a process that only publishes)."""
+        self.idle_threads: Callable[[], int] | None = None
+        """The worker pool's idle threads, once its consumer has started (`worker.pool.
+        PoolRoom`): a take brings along no more messages than that. None: kombu's prefetch
+        alone (a process that only publishes, or a worker of Celery's own prefetch)."""
 
     def can_consume_max_estimate(self) -> int | None:
         """kombu's room in the prefetch, bounded by the pool's idle threads. A message is
         acknowledged as its task starts, which frees its place in the prefetch: the idle
         threads are what keeps a busy worker from taking messages it cannot start."""
         estimate: int | None = super().can_consume_max_estimate()
-        if self.pool_threads is None:
+        if self.idle_threads is None:
             return estimate
-        idle = max(self.pool_threads - len(worker_state.reserved_requests), 0)
+        idle = max(self.idle_threads(), 0)
         return idle if estimate is None else min(estimate, idle)
 
     def append(self, message: Any, delivery_tag: str) -> None:

@@ -16,7 +16,10 @@ broker at `Worker.PrefetchMultiplier` 1) lets the consumer take messages only wh
 has an idle thread, and bounds the `broker` fast path's batches by the idle threads. While
 every thread is busy the consumer's loop no longer asks the broker, and nothing in it would
 notice a thread freeing before its poll times out (up to a second): the pool wakes the loop
-(`Hub.call_soon` from the thread) when a task's end frees a full pool.
+(`Hub.call_soon` from the thread) when a task's end frees a full pool. A run that told the fair
+lines its end (just before its final write, when the next run's message is sent) counts as
+idle already (`leaving`), and telling it wakes the loop as well: the next message is taken
+while the thread finishes, as Celery's prefetch would have had it waiting.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from celery import bootsteps
 from celery.concurrency.thread import TaskPool
 from celery.worker import state as worker_state
 
+from tracon_jobs import leaving
 from tracon_jobs.startup import freeze_startup_objects
 from tracon_jobs.worker.broker import TakingQoS
 
@@ -67,20 +71,26 @@ class StartedTaskPool(TaskPool):
             callback = self._then_room(callback, self.room_freed)
         return super().on_apply(target, args, kwargs, callback, accept_callback, **options)
 
+    @staticmethod
+    def busy() -> int:
+        """Threads running a task or about to (Celery's reserved requests), less those whose
+        run told its end (`leaving`): the next run's message is for that thread."""
+        return len(worker_state.reserved_requests) - leaving.count()
+
     def _then_room(
         self, callback: Callable[..., Any], room_freed: Callable[[], object]
     ) -> Callable[..., Any]:
         """`callback` (the request's end: Celery's `task_ready` takes it out of the reserved
         requests), then `room_freed` if the pool was full until then, or is one short of it
         now (the loop may have filled the thread this end was freeing, and paused)."""
-        reserved = worker_state.reserved_requests
 
         def ended(*args: Any) -> None:
-            full = len(reserved) >= self.limit
+            full = self.busy() >= self.limit
             try:
+                leaving.ended()
                 callback(*args)
             finally:
-                if full or len(reserved) >= self.limit - 1:
+                if full or self.busy() >= self.limit - 1:
                     room_freed()
 
         return ended
@@ -99,7 +109,7 @@ class PoolRoom(bootsteps.StartStopStep):
     consumer takes a message only while the pool has an idle thread (the bound of Celery's
     `worker_disable_prefetch`, which would leave the loop asleep as a thread frees), one
     batch of the `broker` fast path holds no more than the idle threads
-    (`broker.QoS.pool_threads`), and a task's end that frees a full pool wakes the loop to
+    (`broker.QoS.idle_threads`), and a task's end that frees a full pool wakes the loop to
     ask the broker again."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
@@ -113,12 +123,14 @@ class PoolRoom(bootsteps.StartStopStep):
         taken_for_granted = qos.can_consume
 
         def can_consume() -> bool:
-            return len(worker_state.reserved_requests) < limit and bool(taken_for_granted())
+            return pool.busy() < limit and bool(taken_for_granted())
 
         qos.can_consume = can_consume
         if isinstance(qos, TakingQoS):
-            qos.pool_threads = limit
+            qos.idle_threads = lambda: limit - pool.busy()
         pool.room_freed = lambda: hub.call_soon(_nothing)
+        # a run that tells its end frees its thread for the next message
+        leaving.listen(lambda: pool.busy() >= limit - 1 and hub.call_soon(_nothing))
 
 
 def _nothing() -> None:
