@@ -256,3 +256,35 @@ def test_a_final_write_of_a_run_that_ended_otherwise_is_none(runtime: Runtime) -
 
     assert runtime.runs.finish(claim, RunStatus.COMPLETED, output={"text": "done"}) is None
     assert of_type(runtime, claim.run_id, "RunCompleted") == []
+
+
+def test_a_workflow_nodes_checkpoint_whose_commit_landed_is_written_once(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its node's row is unique: without this, the next try fails the run on it."""
+    claim = claimed(runtime)
+    failed = dropped_after_the_commit(runtime, monkeypatch)
+
+    runtime.workflow_store.checkpoint(claim, "fetch", "step", {"rows": 3}, {"node": "fetch"})
+
+    assert failed == [1]
+    assert of_type(runtime, claim.run_id, "WorkflowNodeCompleted") == [{"node": "fetch"}]
+    recorded = runtime.workflow_store.recorded([claim.run_id])
+    assert recorded["fetch"].value == {"rows": 3}
+
+
+def test_a_question_whose_commit_landed_puts_the_run_waiting_once(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two events in one transaction: both are the landed try's, published then."""
+    claim = claimed(runtime)
+    failed = dropped_after_the_commit(runtime, monkeypatch)
+
+    runtime.workflow_store.ask(claim, "approve", {"amount": 10})
+
+    assert failed == [1]
+    types = [e.type for e in runtime.runs.events(claim.run_id)]
+    assert types[-2:] == ["WorkflowRequestCreated", "RunWaiting"]
+    assert (types.count("WorkflowRequestCreated"), types.count("RunWaiting")) == (1, 1)
+    run = runtime.runs.get(claim.run_id)
+    assert run is not None and run.status == "Waiting"

@@ -34,6 +34,7 @@ from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runs.reconcile import JOB_RESTARTED
 from tracon_jobs.runs.store import Event, NewRun, RunStore, iso
 from tracon_jobs.runs.store.waiting import Answered
+from tracon_jobs.runs.store.writes import events_written_once
 
 NODES = cast(Table, WorkflowNode.__table__)
 EVENTS = cast(Table, WorkflowEvent.__table__)
@@ -222,7 +223,7 @@ class WorkflowStore:
         if done is None:
             raise RunTakenAway(f"run {claim.run_id} is no longer owned by fence {claim.fence}")
 
-    @rides_out_outages
+    @events_written_once
     def checkpoint(
         self,
         claim: Claim,
@@ -247,19 +248,19 @@ class WorkflowStore:
             )
         self.runs.publish(event)
 
-    @rides_out_outages
+    @events_written_once
     def ask(self, claim: Claim, node: str, payload: Any) -> None:
         """Record a question for a person and put the run `Waiting`, in one transaction."""
         data = {"node": node, "payload": payload}
         self._wait(claim, node, "ask", {"value": payload}, None, "WorkflowRequestCreated", data)
 
-    @rides_out_outages
+    @events_written_once
     def sleep(self, claim: Claim, node: str, until: datetime | timedelta) -> None:
         """Put the run `Waiting` until `until` (a time in UTC, or a delay from the database's
         now): the timer scan continues it then (`due`)."""
         self._wait(claim, node, "timer", None, until, "WorkflowTimerStarted", {"node": node})
 
-    @rides_out_outages
+    @events_written_once
     def await_event(
         self, claim: Claim, node: str, name: str, timeout: timedelta | None, chain: str
     ) -> None:
@@ -400,7 +401,7 @@ class WorkflowStore:
             self.runs.publish(event)
         return created
 
-    @rides_out_outages
+    @events_written_once
     def branch_done(
         self, claim: Claim, node: str, index: int, outcome: dict[str, Any], data: dict[str, Any]
     ) -> None:
@@ -411,7 +412,7 @@ class WorkflowStore:
             session.execute(_branch_row(claim.run_id, node, index, outcome, event.at))
         self.runs.publish(event)
 
-    @rides_out_outages
+    @events_written_once
     def wait_fanout(self, claim: Claim, node: str) -> None:
         """Put the run `Waiting` for the branches of its fan-out `node` (which it started)."""
         with self.db.write() as session:

@@ -4,15 +4,17 @@ in the same transaction (`Outbox`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import (
     and_,
@@ -74,6 +76,7 @@ from tracon_jobs.runs.store.values import (
 )
 
 log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
 
 Typed = Sequence[tuple[str, dict[str, Any]]]
 """The events of one write, as (type, data), before they are numbered."""
@@ -141,11 +144,38 @@ class Tries:
     event up by these, so that the write is not made twice (an event twice, a spend counted
     twice)."""
 
-    events: list[Event] = field(default_factory=list)
+    tried: list[list[Event]] = field(default_factory=list)  # each try's events, in order
+
+    def begin(self) -> None:
+        """A new try."""
+        self.tried.append([])
 
     def wrote(self, event: Event) -> None:
-        """A try's event, numbered, not committed yet."""
-        self.events.append(event)
+        """An event of the current try, numbered, not committed yet."""
+        if not self.tried:
+            self.begin()
+        self.tried[-1].append(event)
+
+
+def events_written_once(method: F) -> F:
+    """For a method of a store whose `runs` is the `RunWrites` it writes a run's events
+    through (`runs.append_in`, in one transaction, published after it) and that returns None:
+    tried again through a database outage as `rides_out_outages` does, except that a try whose
+    commit landed though its caller saw it fail is not made again (its events and its rows
+    once: `RunWrites.retried`)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        runs: RunWrites = self.runs
+        tries = Tries()
+
+        def once() -> None:
+            with runs.recording(tries):
+                method(self, *args, **kwargs)
+
+        runs.retried(method.__name__, once, tries)
+
+    return cast(F, wrapper)
 
 
 def _as_stored(data: dict[str, Any]) -> Any:
@@ -163,6 +193,7 @@ class RunWrites:
         self.db = db
         self.feed = feed
         self.outbox = outbox
+        self._recording = threading.local()  # `.tries`: where this thread's events go
         # (run id, seq) of an event written with messages -> those messages (and whether
         # each was new), told to the outbox when the event is published, after its commit;
         # one entry a transaction
@@ -564,16 +595,32 @@ class RunWrites:
 
         self.retried("append_all", once, tries)
 
-    def retried(self, what: str, once: Callable[[], Event], tries: Tries) -> Event:
-        """`once()` (one transaction that appends an event and records it in `tries` before
+    def retried(self, what: str, once: Callable[[], Any], tries: Tries) -> Any:
+        """`once()` (one transaction that appends events and records them in `tries` before
         it commits), tried again through a database outage; after a try lost on the
-        connection, the event it wrote, if its commit landed all the same, is the outcome
-        (published now: its try failed before it could be)."""
+        connection, the newest event of the try whose commit landed all the same is the
+        outcome (its events published now: its try failed before it could)."""
+
+        def attempt() -> Any:
+            tries.begin()
+            return once()
 
         def found() -> Event | None:
-            return self.publish(self.landed(tries))
+            events = self.landed(tries)
+            for event in events:
+                self.publish(event)
+            return events[-1] if events else None
 
-        return cast(Event, retry_outages(self.db, once, what, found))
+        return retry_outages(self.db, attempt, what, found)
+
+    @contextmanager
+    def recording(self, tries: Tries) -> Iterator[None]:
+        """Every event this thread appends meanwhile is recorded in `tries`."""
+        self._recording.tries = tries
+        try:
+            yield
+        finally:
+            self._recording.tries = None
 
     def _already_written(
         self, run_id: str, fence: int, owner: str, last: tuple[str, dict[str, Any]]
@@ -599,18 +646,22 @@ class RunWrites:
         log.warning("run %s: a write had committed before the database failed; it stands", run_id)
         return Event(run_id=run_id, seq=row[0], type=row[2], at=row[1], data=last[1])
 
-    def landed(self, tries: Tries) -> Event | None:
-        """The newest event of `tries` that is in SQL as its try wrote it (its seq, type and
-        data), else None: that try committed though its caller saw it fail."""
-        for event in reversed(tries.events):
+    def landed(self, tries: Tries) -> list[Event]:
+        """The events of the newest try whose last event is in SQL as the try wrote it (its
+        seq, type and data): that try committed though its caller saw it fail. Empty when
+        none did."""
+        for events in reversed(tries.tried):
+            if not events:
+                continue
+            event = events[-1]
             query = select(EVENTS.c.type, EVENTS.c.data).where(
                 EVENTS.c.run_id == event.run_id, EVENTS.c.seq == event.seq
             )
             with self.db.read() as session:
                 row = session.execute(query).first()
             if row is not None and (row[0], row[1]) == (event.type, _as_stored(event.data)):
-                return event
-        return None
+                return events
+        return []
 
     def append_in(
         self,
@@ -656,6 +707,7 @@ class RunWrites:
             raise RunTakenAway(f"run {run_id} is no longer owned by fence {claim and claim.fence}")
         seq, at = row
         event = Event(run_id=run_id, seq=seq, type=type_, at=at, data=data)
+        tries = tries or getattr(self._recording, "tries", None)
         if tries is not None:
             tries.wrote(event)
         messages = self._messages(run_id, ((type_, data),))
