@@ -288,3 +288,23 @@ def test_a_question_whose_commit_landed_puts_the_run_waiting_once(
     assert (types.count("WorkflowRequestCreated"), types.count("RunWaiting")) == (1, 1)
     run = runtime.runs.get(claim.run_id)
     assert run is not None and run.status == "Waiting"
+
+
+def test_an_event_taken_by_a_try_whose_commit_landed_is_the_answer(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event was taken by the landed try: a try made again would find none kept, and the
+    run would wait for an event already consumed."""
+    claim = claimed(runtime)
+    run = runtime.runs.get(claim.run_id)
+    assert run is not None
+    store = runtime.workflow_store
+    store.keep_event(run.tenant_id, claim.run_id, "paid", {"amount": 12})
+    failed = dropped_after_the_commit(runtime, monkeypatch)
+
+    taken = store.take_event(claim, "wait-paid", claim.run_id, "paid")
+
+    assert failed == [1]
+    assert taken is not None and (taken.node, taken.value) == ("wait-paid", {"amount": 12})
+    assert len(of_type(runtime, claim.run_id, "WorkflowEventReceived")) == 1
+    assert store.kept_events(claim.run_id) == 0

@@ -34,7 +34,7 @@ from tracon_jobs.runs.lifecycle import Claim, RunStatus
 from tracon_jobs.runs.reconcile import JOB_RESTARTED
 from tracon_jobs.runs.store import Event, NewRun, RunStore, iso
 from tracon_jobs.runs.store.waiting import Answered
-from tracon_jobs.runs.store.writes import events_written_once
+from tracon_jobs.runs.store.writes import Tries, events_written_once
 
 NODES = cast(Table, WorkflowNode.__table__)
 EVENTS = cast(Table, WorkflowEvent.__table__)
@@ -304,10 +304,24 @@ class WorkflowStore:
         for event in events:
             self.runs.publish(event)
 
-    @rides_out_outages
     def take_event(self, claim: Claim, node: str, chain_id: str, name: str) -> Recorded | None:
         """The oldest event `name` delivered to the chain before it waited, taken once and
-        recorded as `node`'s answer (one fenced transaction); None when none is kept."""
+        recorded as `node`'s answer (one fenced transaction); None when none is kept. A try
+        whose commit landed though its caller saw it fail is not made again: its answer is
+        the node's row (`RunWrites.retried`)."""
+        tries = Tries()
+
+        def once() -> Recorded | None:
+            with self.runs.recording(tries):
+                return self._take_event(claim, node, chain_id, name)
+
+        outcome = self.runs.retried("take_event", once, tries)
+        if isinstance(outcome, Event):  # the landed try's event: the answer it recorded
+            taken = self.recorded([claim.run_id])[node]
+            return Recorded(node, "event", taken.value, claim.run_id)
+        return cast(Recorded | None, outcome)
+
+    def _take_event(self, claim: Claim, node: str, chain_id: str, name: str) -> Recorded | None:
         with self.db.write() as session:
             now = session.execute(select(_NOW), self.db.clock_params()).scalar_one()
             value = _take_buffered(session, chain_id, name, claim.run_id, now)
