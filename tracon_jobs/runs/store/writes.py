@@ -616,11 +616,12 @@ class RunWrites:
     @contextmanager
     def recording(self, tries: Tries) -> Iterator[None]:
         """Every event this thread appends meanwhile is recorded in `tries`."""
+        outer = getattr(self._recording, "tries", None)
         self._recording.tries = tries
         try:
             yield
         finally:
-            self._recording.tries = None
+            self._recording.tries = outer
 
     def _already_written(
         self, run_id: str, fence: int, owner: str, last: tuple[str, dict[str, Any]]
