@@ -150,6 +150,28 @@ def test_killed_worker_prefetched_run_is_resent_and_completed_by_another(
     assert status_of(runtime, busy) == "Running"
 
 
+def one_thread_worker(
+    make_cluster: Callable[..., Cluster],
+    make_runtime: MakeRuntime,
+    sqlite_url: str,
+    fast_paths: str,
+    name: str,
+    *,
+    call_seconds: float,
+) -> tuple[Cluster, Runtime, str]:
+    """A worker `name` of one thread whose every run makes one model call of `call_seconds`
+    (kombu's own channel with the fast paths off), and a runtime that sends runs straight to
+    the run queue, past the fair lines: only the worker's consumer decides what it takes."""
+    sections = scripted_agent([{"Text": "step", "DelaySeconds": call_seconds}])
+    sections["Worker"] = {"FairReserve": 0}
+    cluster = make_cluster(sqlite_url, **sections)
+    cluster.env["TRACON_FAST_PATHS"] = fast_paths
+    cluster.worker(name, concurrency=1)
+    runtime = make_runtime(sqlite_url, **sections)
+    past_the_lines(runtime)
+    return cluster, runtime, runtime.tenants.ensure_tenant("acme")
+
+
 @pytest.mark.parametrize("fast_paths", ["on", "off"])
 def test_a_busy_worker_leaves_a_run_it_cannot_start_to_an_idle_one(
     make_cluster: Callable[..., Cluster],
@@ -161,16 +183,11 @@ def test_a_busy_worker_leaves_a_run_it_cannot_start_to_an_idle_one(
     """`Worker.PrefetchMultiplier` 1 on Redis: a worker whose every thread is busy takes no
     more messages (the acknowledgement of a started task frees Celery's prefetch, which would
     let it), so the next run starts on an idle worker instead of waiting behind a long call."""
-    sections = scripted_agent([{"Text": "slow", "DelaySeconds": 30}])
-    sections["Worker"] = {"FairReserve": 0}  # one thread
-    cluster = make_cluster(sqlite_url, **sections)
-    cluster.env["TRACON_FAST_PATHS"] = fast_paths  # kombu's own channel when off
-    cluster.worker("busy", concurrency=1)
-    runtime = make_runtime(sqlite_url, **sections)
+    cluster, runtime, tenant = one_thread_worker(
+        make_cluster, make_runtime, sqlite_url, fast_paths, "busy", call_seconds=30
+    )
     if is_amqp(runtime.settings.broker.url or ""):
         pytest.skip("RabbitMQ pushes up to the prefetch (docs/reliability.md)")
-    past_the_lines(runtime)  # straight to the run queue: only the worker's consumer decides
-    tenant = runtime.tenants.ensure_tenant("acme")
 
     # Given a worker of one thread busy with a long call
     busy = runtime.dispatcher.submit(NewRun(tenant, "demo", {"message": "busy"})).id
@@ -201,14 +218,9 @@ def test_a_thread_that_frees_takes_the_next_waiting_run_at_once(
     """While every thread is busy the worker's consumer does not ask the broker; the end of a
     run wakes it at once, instead of leaving the freed thread idle until the consumer's loop
     looks again on its own (up to a second)."""
-    sections = scripted_agent([{"Text": "step", "DelaySeconds": 0.3}])
-    sections["Worker"] = {"FairReserve": 0}  # one thread
-    cluster = make_cluster(sqlite_url, **sections)
-    cluster.env["TRACON_FAST_PATHS"] = fast_paths
-    cluster.worker("single", concurrency=1)
-    runtime = make_runtime(sqlite_url, **sections)
-    past_the_lines(runtime)  # every message in the run queue at once
-    tenant = runtime.tenants.ensure_tenant("acme")
+    _, runtime, tenant = one_thread_worker(
+        make_cluster, make_runtime, sqlite_url, fast_paths, "single", call_seconds=0.3
+    )
 
     # Given 6 runs sent at once to a worker of one thread
     ids = [

@@ -5,13 +5,13 @@ is in the way is still an error."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 
 from tests.helpers import MakeRuntime, claim_run, scripted_agent
+from tests.integration.test_write_outage import dropped_after_the_commit
 from tracon_jobs.runs.ledger import Ledger, ToolOutcome
 from tracon_jobs.runs.lifecycle import Claim
 from tracon_jobs.runs.store import NewRun
@@ -30,22 +30,6 @@ def claimed(runtime: Runtime) -> tuple[Claim, Ledger]:
     claim = claim_run(runtime, run_id, "worker-1")
     assert claim is not None
     return claim, Ledger(runtime.runs)
-
-
-def dropped_after_the_commit(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The next publish after a committed write fails as a dropped connection would, once:
-    the write's caller sees a transient error though its transaction committed."""
-    failed: list[int] = []
-    publish: Callable[..., Any] = runtime.runs.publish
-
-    def once(*args: Any, **kwargs: Any) -> Any:
-        if not failed:
-            failed.append(1)
-            raise OperationalError("COMMIT", None, Exception("server closed the connection"))
-        return publish(*args, **kwargs)
-
-    monkeypatch.setattr(runtime.runs, "publish", once)
-    return failed
 
 
 def started_events(runtime: Runtime, run_id: str) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from sqlalchemy.exc import OperationalError
@@ -79,6 +79,16 @@ def dropped_before_the_write(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) 
     return failed
 
 
+Failure = Callable[[Runtime, pytest.MonkeyPatch], list[int]]
+
+
+@pytest.fixture(params=[dropped_after_the_commit, dropped_before_the_write])
+def failure(request: pytest.FixtureRequest) -> Failure:
+    """Each way a try fails on the connection, installed by the test once its run is claimed:
+    after its commit, or before it wrote anything."""
+    return cast(Failure, request.param)
+
+
 def of_type(runtime: Runtime, run_id: str, type_: str) -> list[dict[str, Any]]:
     return [e.data for e in runtime.runs.events(run_id) if e.type == type_]
 
@@ -86,11 +96,10 @@ def of_type(runtime: Runtime, run_id: str, type_: str) -> list[dict[str, Any]]:
 SPEND = TurnSpend("m", input_tokens=7, output_tokens=5, cost=Decimal("0.25"), cost_source="x")
 
 
-@pytest.mark.parametrize("failure", [dropped_after_the_commit, dropped_before_the_write])
 def test_an_event_is_appended_once(
     runtime: Runtime,
     monkeypatch: pytest.MonkeyPatch,
-    failure: Callable[[Runtime, pytest.MonkeyPatch], list[int]],
+    failure: Failure,
 ) -> None:
     claim = claimed(runtime)
     failed = failure(runtime, monkeypatch)
@@ -103,11 +112,10 @@ def test_an_event_is_appended_once(
     assert stored.seq == event.seq
 
 
-@pytest.mark.parametrize("failure", [dropped_after_the_commit, dropped_before_the_write])
 def test_a_model_calls_spend_is_counted_once(
     runtime: Runtime,
     monkeypatch: pytest.MonkeyPatch,
-    failure: Callable[[Runtime, pytest.MonkeyPatch], list[int]],
+    failure: Failure,
 ) -> None:
     claim = claimed(runtime)
     failed = failure(runtime, monkeypatch)
@@ -146,11 +154,10 @@ def test_events_appended_together_are_written_once(
     assert of_type(runtime, claim.run_id, "ModelCallFailed") == [{"n": 1}, {"n": 2}]
 
 
-@pytest.mark.parametrize("failure", [dropped_after_the_commit, dropped_before_the_write])
 def test_a_tool_calls_end_is_written_once(
     runtime: Runtime,
     monkeypatch: pytest.MonkeyPatch,
-    failure: Callable[[Runtime, pytest.MonkeyPatch], list[int]],
+    failure: Failure,
 ) -> None:
     claim = claimed(runtime)
     ledger = Ledger(runtime.runs)
@@ -229,11 +236,10 @@ def test_a_claim_another_worker_made_is_still_theirs(
         runtime.runs.append(mine, "ModelCallStarted", {"callSeq": 1})
 
 
-@pytest.mark.parametrize("failure", [dropped_after_the_commit, dropped_before_the_write])
 def test_a_final_write_whose_commit_landed_ends_the_run_once(
     runtime: Runtime,
     monkeypatch: pytest.MonkeyPatch,
-    failure: Callable[[Runtime, pytest.MonkeyPatch], list[int]],
+    failure: Failure,
 ) -> None:
     claim = claimed(runtime)
     failed = failure(runtime, monkeypatch)
